@@ -1,0 +1,222 @@
+// Environment → one validated, typed, frozen Config. Every error names the
+// variable; a secret's value is never echoed.
+import { isIP } from 'node:net'
+import envSchema from 'env-schema'
+import { Secret } from './secret.js'
+import { TOKEN_ENCODINGS, type TokenEncoding } from './token.js'
+
+export const EXIT_CONFIG = 78 // EX_CONFIG from sysexits.h
+
+export class ConfigError extends Error {
+  readonly variable: string
+  constructor (variable: string, problem: string) {
+    super(`${variable} ${problem}`)
+    this.name = 'ConfigError'
+    this.variable = variable
+  }
+}
+
+export const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const
+export type LogLevel = typeof LOG_LEVELS[number]
+
+export type RouteName = 'management' | 'optimize' | 'api'
+
+export interface Route {
+  readonly name: RouteName
+  /** Path prefix claimed on the proxy ('' for the catch-all api route). */
+  readonly prefix: string
+  /** Upstream origin, e.g. https://h:8443 */
+  readonly origin: string
+  /** Upstream path prepended to the forwarded path, '' or '/api/v1' (never a trailing '/'). */
+  readonly basePath: string
+  /** The URL as configured, for display. */
+  readonly url: string
+}
+
+export interface CredentialSource {
+  readonly file?: string
+  readonly value?: Secret
+}
+
+export interface Config {
+  readonly listen: { readonly host: string, readonly port: number }
+  readonly routes: readonly Route[]
+  readonly credentials: { readonly accessKey: CredentialSource, readonly secret: CredentialSource }
+  readonly tokenEncoding: TokenEncoding
+  readonly upstreamTimeoutMs: number
+  readonly connectTimeoutMs: number
+  readonly logLevel: LogLevel
+}
+
+interface VarSpec {
+  readonly type: 'string' | 'integer'
+  readonly default?: string | number
+  readonly enum?: readonly string[]
+  readonly minimum?: number
+  readonly maximum?: number
+  /** What a valid value looks like, for the error line. */
+  readonly expect: string
+  /** Never echo the value. */
+  readonly secret?: boolean
+}
+
+const TIMEOUT: VarSpec = { type: 'integer', minimum: 1, maximum: 2_147_483_647, expect: 'must be a whole number of milliseconds ≥ 1' }
+
+/** The one table of settings: schema, defaults and error texts all come from here. */
+export const VARIABLES = {
+  COS_LISTEN_HOST: { type: 'string', default: '127.0.0.1', expect: 'must be an IP address or host name' },
+  COS_LISTEN_PORT: { type: 'integer', default: 8080, minimum: 0, maximum: 65535, expect: 'must be a port number 0-65535' },
+  COS_API_URL: { type: 'string', expect: 'must be an absolute http(s) URL without query' },
+  COS_MANAGEMENT_API_URL: { type: 'string', expect: 'must be an absolute http(s) URL without query' },
+  COS_MANAGEMENT_PATH_PREFIX: { type: 'string', default: '/management', expect: 'must be a path like /management' },
+  COS_OPTIMIZE_API_URL: { type: 'string', expect: 'must be an absolute http(s) URL without query' },
+  COS_OPTIMIZE_PATH_PREFIX: { type: 'string', default: '/optimize', expect: 'must be a path like /optimize' },
+  COS_ACCESS_KEY_FILE: { type: 'string', expect: 'must be a file path' },
+  COS_ACCESS_KEY_SECRET_FILE: { type: 'string', expect: 'must be a file path' },
+  COS_ACCESS_KEY: { type: 'string', expect: 'must be the access key' },
+  COS_ACCESS_KEY_SECRET: { type: 'string', expect: 'must be the access key secret', secret: true },
+  COS_TOKEN_ENCODING: { type: 'string', default: 'url', enum: TOKEN_ENCODINGS, expect: `must be one of ${TOKEN_ENCODINGS.join(', ')}` },
+  COS_UPSTREAM_TIMEOUT_MS: { ...TIMEOUT, default: 30_000 },
+  COS_CONNECT_TIMEOUT_MS: { ...TIMEOUT, default: 5_000 },
+  COS_LOG_LEVEL: { type: 'string', default: 'info', enum: LOG_LEVELS, expect: `must be one of ${LOG_LEVELS.join(', ')}` },
+} as const satisfies Record<string, VarSpec>
+
+export type VariableName = keyof typeof VARIABLES
+type Raw = { -readonly [K in VariableName]: (typeof VARIABLES)[K]['type'] extends 'integer' ? number : string | undefined }
+
+function jsonSchema (): object {
+  const properties: Record<string, object> = {}
+  for (const [name, spec] of Object.entries(VARIABLES) as [string, VarSpec][]) {
+    const { expect: _e, secret: _s, ...schema } = spec
+    properties[name] = schema
+  }
+  return { type: 'object', properties }
+}
+
+interface AjvError { instancePath?: string, params?: { missingProperty?: string } }
+
+export interface LoadOptions {
+  /** Variables to read; default process.env. */
+  readonly env?: NodeJS.ProcessEnv
+  /** Read ./.env too (real env wins). Default true. */
+  readonly dotenv?: boolean
+}
+
+/**
+ * Reads the environment (and ./.env) into a Config. Throws ConfigError for the
+ * first problem found. Empty values count as unset, as they do for most
+ * sidecars configured through Kubernetes or compose (`FOO=`).
+ */
+export function loadConfig (opts: LoadOptions = {}): Config {
+  const source = opts.env ?? process.env
+  const data: Record<string, string> = {}
+  for (const name of Object.keys(VARIABLES)) {
+    const v = source[name]
+    if (v !== undefined && v !== '') data[name] = v
+  }
+  let raw: Raw
+  try {
+    raw = envSchema<Raw>({ schema: jsonSchema(), data, env: false, dotenv: opts.dotenv ?? true })
+  } catch (err) {
+    throw schemaError(err, data)
+  }
+  // env-schema merged .env under data; drop .env's empty values too.
+  for (const name of Object.keys(raw) as VariableName[]) {
+    if (raw[name] === '') delete raw[name]
+  }
+  return Object.freeze(build(raw))
+}
+
+function schemaError (err: unknown, data: Record<string, string>): Error {
+  const first = (err as { errors?: AjvError[] }).errors?.[0]
+  const name = first?.instancePath?.slice(1) ?? first?.params?.missingProperty
+  if (name !== undefined && name in VARIABLES) {
+    const spec: VarSpec = VARIABLES[name as VariableName]
+    const got = spec.secret === true || data[name] === undefined ? '' : ` (got ${JSON.stringify(data[name])})`
+    return new ConfigError(name, spec.expect + got)
+  }
+  return err instanceof Error ? err : new Error(String(err))
+}
+
+function build (raw: Raw): Config {
+  const host = raw.COS_LISTEN_HOST ?? '127.0.0.1'
+  if (isIP(host) === 0 && !/^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$/.test(host)) {
+    throw new ConfigError('COS_LISTEN_HOST', `${VARIABLES.COS_LISTEN_HOST.expect} (got ${JSON.stringify(host)})`)
+  }
+  const routes: Route[] = []
+  const management = route('management', 'COS_MANAGEMENT_API_URL', raw.COS_MANAGEMENT_API_URL, 'COS_MANAGEMENT_PATH_PREFIX', raw.COS_MANAGEMENT_PATH_PREFIX)
+  const optimize = route('optimize', 'COS_OPTIMIZE_API_URL', raw.COS_OPTIMIZE_API_URL, 'COS_OPTIMIZE_PATH_PREFIX', raw.COS_OPTIMIZE_PATH_PREFIX)
+  const api = route('api', 'COS_API_URL', raw.COS_API_URL, undefined, '')
+  if (management) routes.push(management)
+  if (optimize) routes.push(optimize)
+  if (management && optimize && overlaps(management.prefix, optimize.prefix)) {
+    throw new ConfigError('COS_OPTIMIZE_PATH_PREFIX', `must not overlap COS_MANAGEMENT_PATH_PREFIX (both claim ${JSON.stringify(optimize.prefix)})`)
+  }
+  if (api) routes.push(api)
+  if (routes.length === 0) {
+    throw new ConfigError('COS_API_URL', 'or COS_MANAGEMENT_API_URL or COS_OPTIMIZE_API_URL is required: nothing to forward to')
+  }
+  return {
+    listen: { host, port: raw.COS_LISTEN_PORT },
+    routes,
+    credentials: {
+      accessKey: credentialSource('COS_ACCESS_KEY', raw.COS_ACCESS_KEY_FILE, raw.COS_ACCESS_KEY),
+      secret: credentialSource('COS_ACCESS_KEY_SECRET', raw.COS_ACCESS_KEY_SECRET_FILE, raw.COS_ACCESS_KEY_SECRET),
+    },
+    tokenEncoding: raw.COS_TOKEN_ENCODING as TokenEncoding,
+    upstreamTimeoutMs: raw.COS_UPSTREAM_TIMEOUT_MS,
+    connectTimeoutMs: raw.COS_CONNECT_TIMEOUT_MS,
+    logLevel: raw.COS_LOG_LEVEL as LogLevel,
+  }
+}
+
+function overlaps (a: string, b: string): boolean {
+  return a === b || a.startsWith(b + '/') || b.startsWith(a + '/')
+}
+
+function route (name: RouteName, urlVar: VariableName, url: string | undefined, prefixVar: VariableName | undefined, prefix: string | undefined): Route | undefined {
+  if (url === undefined) return undefined
+  let parsed: URL
+  try {
+    parsed = new URL(url)
+  } catch {
+    throw new ConfigError(urlVar, `must be an absolute http(s) URL (got ${JSON.stringify(url)})`)
+  }
+  if (parsed.protocol !== 'http:' && parsed.protocol !== 'https:') {
+    throw new ConfigError(urlVar, `must use http or https (got ${JSON.stringify(parsed.protocol.slice(0, -1))})`)
+  }
+  if (parsed.search !== '' || url.includes('?')) throw new ConfigError(urlVar, 'must not have a query string')
+  if (parsed.hash !== '' || url.includes('#')) throw new ConfigError(urlVar, 'must not have a fragment')
+  if (parsed.username !== '' || parsed.password !== '') {
+    // Never echo it: userinfo is a credential.
+    throw new ConfigError(urlVar, 'must not contain user:password; the proxy signs requests itself')
+  }
+  let p = prefix ?? ''
+  if (prefixVar !== undefined) {
+    if (!/^(\/[A-Za-z0-9\-._~!$&'()+,;=@]+)+\/?$/.test(p)) {
+      throw new ConfigError(prefixVar, `must be a path like /${name}: segments of URL-safe characters, no wildcards, not "/" (got ${JSON.stringify(p)})`)
+    }
+    if (p.endsWith('/')) p = p.slice(0, -1)
+  }
+  return {
+    name,
+    prefix: p,
+    origin: parsed.origin,
+    basePath: parsed.pathname.replace(/\/+$/, ''),
+    url: parsed.href,
+  }
+}
+
+function credentialSource (name: 'COS_ACCESS_KEY' | 'COS_ACCESS_KEY_SECRET', file: string | undefined, literal: string | undefined): CredentialSource {
+  if (file !== undefined && literal !== undefined) {
+    throw new ConfigError(`${name}_FILE`, `and ${name} are both set; set only one`)
+  }
+  if (file !== undefined) return { file }
+  if (literal !== undefined) return { value: new Secret(literal) }
+  throw new ConfigError(`${name}_FILE`, `(or ${name}) is required`)
+}
+
+/** The effective configuration for `cos-auth-proxy config`; secrets print as "[redacted]". */
+export function describeConfig (config: Config): string {
+  return JSON.stringify(config, null, 2)
+}

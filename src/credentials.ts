@@ -1,0 +1,79 @@
+// The Access Key pair: read from mounted files or literals, validated as one
+// value and held behind a single reference, so a swap is atomic: a request
+// signs with the old pair or the new pair, never a mix.
+import { readFile } from 'node:fs/promises'
+import type { Config, CredentialSource } from './config.js'
+import { HeaderMinter, secretKey, type TokenEncoding } from './token.js'
+
+export type PairResult =
+  | { readonly ok: true, readonly minter: HeaderMinter }
+  | { readonly ok: false, readonly variable: string, readonly problem: string }
+
+type ItemResult = { readonly ok: true, readonly value: string } | { readonly ok: false, readonly variable: string, readonly problem: string }
+
+// The access key is the first field of a `/`-separated token and part of a
+// `:`-joined message: either character would make tokens ambiguous.
+const ACCESS_KEY = /^[\x21-\x7e]+$/
+function accessKeyProblem (key: string): string | undefined {
+  if (!ACCESS_KEY.test(key)) return 'must be printable ASCII without spaces'
+  if (key.includes('/') || key.includes(':')) return 'must not contain "/" or ":"'
+  return undefined
+}
+
+async function readItem (name: string, source: CredentialSource): Promise<ItemResult> {
+  if (source.value !== undefined) {
+    const value = source.value.reveal().trim()
+    return value === '' ? { ok: false, variable: name, problem: 'is empty' } : { ok: true, value }
+  }
+  const variable = `${name}_FILE`
+  const path = source.file ?? ''
+  let text: string
+  try {
+    text = await readFile(path, 'utf8')
+  } catch (err) {
+    // The error code only: a message could quote file contents in odd cases.
+    const code = (err as NodeJS.ErrnoException).code ?? 'read error'
+    return { ok: false, variable, problem: `cannot read ${JSON.stringify(path)} (${code})` }
+  }
+  const value = text.trim()
+  if (value === '') return { ok: false, variable, problem: `file ${JSON.stringify(path)} is empty` }
+  return { ok: true, value }
+}
+
+/** Reads both items and builds a minter, or says which variable is wrong. Never echoes the secret. */
+export async function readPair (credentials: Config['credentials'], encoding: TokenEncoding): Promise<PairResult> {
+  const [key, secret] = await Promise.all([
+    readItem('COS_ACCESS_KEY', credentials.accessKey),
+    readItem('COS_ACCESS_KEY_SECRET', credentials.secret),
+  ])
+  if (!key.ok) return key
+  if (!secret.ok) return secret
+  const problem = accessKeyProblem(key.value)
+  if (problem !== undefined) {
+    return { ok: false, variable: credentials.accessKey.file === undefined ? 'COS_ACCESS_KEY' : 'COS_ACCESS_KEY_FILE', problem: `access key ${problem}` }
+  }
+  return { ok: true, minter: new HeaderMinter(key.value, secretKey(secret.value), encoding) }
+}
+
+/**
+ * Holds the pair in force. `current` is read on every request; `swap`
+ * replaces it in one assignment. Listeners hear about changes (metrics, logs).
+ */
+export class CredentialStore {
+  #minter: HeaderMinter | undefined
+
+  constructor (initial?: HeaderMinter) {
+    this.#minter = initial
+  }
+
+  get current (): HeaderMinter | undefined {
+    return this.#minter
+  }
+
+  /** Installs `next`; returns true when it is a different pair from the one in force. */
+  swap (next: HeaderMinter): boolean {
+    const prev = this.#minter
+    this.#minter = next
+    return prev === undefined || !prev.samePair(next)
+  }
+}

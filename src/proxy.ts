@@ -1,0 +1,124 @@
+// Routes + header rewriting: the one place where a client request becomes a
+// signed upstream request. One @fastify/http-proxy registration per route,
+// each over its own keep-alive undici Pool (shared by routes with one origin).
+import type { IncomingHttpHeaders } from 'node:http'
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
+import httpProxy from '@fastify/http-proxy'
+import { Pool } from 'undici'
+import type { Route, RouteName } from './config.js'
+import type { CredentialStore } from './credentials.js'
+import { sendError } from './errors.js'
+
+declare module 'fastify' {
+  interface FastifyContextConfig {
+    /** Bounded label for logs and metrics: never the raw path. */
+    routeName?: RouteName
+  }
+}
+
+export interface ProxyOptions {
+  readonly routes: readonly Route[]
+  readonly credentials: CredentialStore
+  readonly connectTimeoutMs: number
+  /** Time to response headers. */
+  readonly upstreamTimeoutMs: number
+  /** Longest silence allowed while a body streams, either way. */
+  readonly bodyIdleTimeoutMs: number
+}
+
+// Hop-by-hop (RFC 9110 §7.6.1) plus the client's own credentials. `expect`
+// is answered by Node's server itself (100-continue) and undici refuses it.
+// Set to undefined rather than deleted: undici skips undefined values and the
+// object keeps its shape.
+const DROP_REQUEST = ['authorization', 'proxy-authorization', 'proxy-connection', 'keep-alive', 'te', 'trailer', 'upgrade', 'expect'] as const
+const DROP_RESPONSE = ['connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'upgrade'] as const
+
+function connectionTokens (value: string | string[] | undefined): string[] {
+  if (value === undefined) return []
+  return (Array.isArray(value) ? value.join(',') : value).split(',').map(s => s.trim().toLowerCase()).filter(s => s !== '')
+}
+
+const TIMEOUT_CODES = new Set(['UND_ERR_CONNECT_TIMEOUT', 'UND_ERR_HEADERS_TIMEOUT', 'FST_REPLY_FROM_GATEWAY_TIMEOUT', 'FST_REPLY_FROM_TIMEOUT'])
+
+/** Maps a reply-from/undici failure to the proxy's contract: 504 for timeouts, 502 for the rest. */
+export function upstreamErrorStatus (error: Error): 502 | 504 {
+  const code = (error as { code?: string }).code
+  const causeCode = (error.cause as { code?: string } | undefined)?.code
+  return TIMEOUT_CODES.has(code ?? '') || TIMEOUT_CODES.has(causeCode ?? '') ? 504 : 502
+}
+
+export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions): Promise<void> {
+  const { credentials } = opts
+  const pools = new Map<string, Pool>()
+  const poolFor = (origin: string): Pool => {
+    let pool = pools.get(origin)
+    if (pool === undefined) {
+      pool = new Pool(origin, {
+        connect: { timeout: opts.connectTimeoutMs },
+        headersTimeout: opts.upstreamTimeoutMs,
+        bodyTimeout: opts.bodyIdleTimeoutMs,
+      })
+      pools.set(origin, pool)
+    }
+    return pool
+  }
+  fastify.addHook('onClose', async () => {
+    await Promise.all([...pools.values()].map(p => p.close()))
+  })
+
+  // Bodies are streamed, never parsed or buffered: drop Fastify's JSON and
+  // text parsers; @fastify/http-proxy adds its pass-through parser for '*'.
+  fastify.removeAllContentTypeParsers()
+
+  function rewriteRequestHeaders (request: FastifyRequest, headers: IncomingHttpHeaders): IncomingHttpHeaders {
+    for (const name of connectionTokens(request.headers.connection)) headers[name] = undefined
+    for (const name of DROP_REQUEST) headers[name] = undefined
+    // preHandler guaranteed a pair; read it again so a swap in between is honoured.
+    headers.authorization = credentials.current?.next()
+    headers['x-request-id'] = request.id
+    return headers
+  }
+
+  function rewriteHeaders (headers: IncomingHttpHeaders): IncomingHttpHeaders {
+    for (const name of connectionTokens(headers.connection)) delete headers[name]
+    for (const name of DROP_RESPONSE) delete headers[name]
+    return headers
+  }
+
+  function onError (reply: FastifyReply, { error }: { error: Error }): void {
+    const status = upstreamErrorStatus(error)
+    if (status === 504) sendError(reply, 504, 'upstream_timeout', 'the upstream did not answer in time')
+    else sendError(reply, 502, 'upstream_unavailable', 'the upstream could not be reached')
+  }
+
+  async function requireCredentials (_request: FastifyRequest, reply: FastifyReply): Promise<void> {
+    if (credentials.current === undefined) {
+      await sendError(reply, 503, 'credentials_unavailable', 'no valid access key pair is loaded yet')
+    }
+  }
+
+  for (const route of opts.routes) {
+    await fastify.register(httpProxy, {
+      upstream: route.origin,
+      // The catch-all is registered at '/', which http-proxy strips like any
+      // prefix, so its rewrite keeps the '/' that separates base and path.
+      prefix: route.prefix === '' ? '/' : route.prefix,
+      rewritePrefix: route.prefix === '' ? route.basePath + '/' : route.basePath === '' ? '/' : route.basePath,
+      undici: poolFor(route.origin),
+      websocket: false,
+      disableRequestLogging: true,
+      // Responses pass through unchanged, Location included.
+      internalRewriteLocationHeader: false,
+      config: { routeName: route.name },
+      preHandler: requireCredentials,
+      replyOptions: {
+        rewriteRequestHeaders,
+        rewriteHeaders,
+        onError,
+        // reply-from retries a GET that got 503 up to 10 times by default;
+        // the proxy returns the upstream's answer as it is.
+        retryDelay: () => null,
+      },
+    })
+  }
+}

@@ -1,0 +1,137 @@
+// Shared test fixtures: a real upstream that records what it received and a
+// real proxy listening on 127.0.0.1. No mocks of the network.
+import { createHash } from 'node:crypto'
+import { createServer, request as httpRequest, type IncomingHttpHeaders, type IncomingMessage, type Server, type ServerResponse } from 'node:http'
+import type { AddressInfo } from 'node:net'
+import { Writable } from 'node:stream'
+import type { FastifyInstance } from 'fastify'
+import { loadConfig, type Config } from '../src/config.js'
+import { CredentialStore, readPair } from '../src/credentials.js'
+import { createLogger } from '../src/logger.js'
+import { buildProxyServer } from '../src/server.js'
+
+export const ACCESS_KEY = 'AKIDTEST'
+// Marker text so a leak can never be a coincidence.
+export const SECRET = 'SeCrEt-MaRkEr-7f3a+/=9'
+
+export interface Received {
+  readonly method: string
+  readonly url: string
+  readonly headers: IncomingHttpHeaders
+  readonly rawHeaders: readonly string[]
+  readonly bodyBytes: number
+  readonly bodySha256: string
+}
+
+export type UpstreamHandler = (req: IncomingMessage, res: ServerResponse, received: Received) => void
+
+export interface Upstream {
+  readonly url: string
+  readonly received: Received[]
+  readonly server: Server
+  close: () => Promise<void>
+}
+
+/** An HTTP server on 127.0.0.1 that hashes each body as it streams and records the request. */
+export async function startUpstream (handler?: UpstreamHandler): Promise<Upstream> {
+  const received: Received[] = []
+  const server = createServer((req, res) => {
+    const hash = createHash('sha256')
+    let bytes = 0
+    req.on('data', (chunk: Buffer) => { hash.update(chunk); bytes += chunk.length })
+    req.on('end', () => {
+      const r: Received = { method: req.method ?? '', url: req.url ?? '', headers: req.headers, rawHeaders: req.rawHeaders, bodyBytes: bytes, bodySha256: hash.digest('hex') }
+      received.push(r)
+      if (handler) { handler(req, res, r); return }
+      res.setHeader('content-type', 'application/json')
+      res.end(JSON.stringify({ ok: true }))
+    })
+  })
+  await new Promise<void>(resolve => server.listen(0, '127.0.0.1', resolve))
+  const { port } = server.address() as AddressInfo
+  return {
+    url: `http://127.0.0.1:${port}`,
+    received,
+    server,
+    close: () => new Promise<void>(resolve => { server.closeAllConnections(); server.close(() => resolve()) }),
+  }
+}
+
+/** Collects every log line in memory. */
+export class LogCapture extends Writable {
+  readonly lines: string[] = []
+  override _write (chunk: Buffer, _enc: BufferEncoding, cb: () => void): void {
+    this.lines.push(...chunk.toString('utf8').split('\n').filter(l => l !== ''))
+    cb()
+  }
+
+  get text (): string { return this.lines.join('\n') }
+  get records (): Record<string, unknown>[] { return this.lines.map(l => JSON.parse(l) as Record<string, unknown>) }
+}
+
+export interface RunningProxy {
+  readonly url: string
+  readonly port: number
+  readonly app: FastifyInstance
+  readonly config: Config
+  readonly logs: LogCapture
+  readonly credentials: CredentialStore
+  close: () => Promise<void>
+}
+
+export function testConfig (env: Record<string, string>): Config {
+  return loadConfig({
+    env: { COS_ACCESS_KEY: ACCESS_KEY, COS_ACCESS_KEY_SECRET: SECRET, COS_LISTEN_PORT: '0', ...env },
+    dotenv: false,
+  })
+}
+
+/** The real proxy on an ephemeral port, logging to memory at `level`. */
+export async function startProxy (env: Record<string, string>, level: Config['logLevel'] = 'info'): Promise<RunningProxy> {
+  const config = testConfig({ COS_LOG_LEVEL: level, ...env })
+  const pair = await readPair(config.credentials, config.tokenEncoding)
+  if (!pair.ok) throw new Error(`${pair.variable} ${pair.problem}`)
+  const credentials = new CredentialStore(pair.minter)
+  const logs = new LogCapture()
+  const app = await buildProxyServer({ config, credentials, logger: createLogger(config.logLevel, logs) })
+  await app.listen({ host: '127.0.0.1', port: 0 })
+  const { port } = app.server.address() as AddressInfo
+  return { url: `http://127.0.0.1:${port}`, port, app, config, logs, credentials, close: () => app.close() }
+}
+
+export interface SimpleResponse {
+  readonly status: number
+  readonly headers: IncomingHttpHeaders
+  readonly rawHeaders: readonly string[]
+  readonly body: Buffer
+}
+
+/** node:http request (not fetch): full control over headers, bodies and the raw response. */
+export function send (url: string, opts: { method?: string, headers?: Record<string, string | string[]>, body?: Buffer | string | AsyncIterable<Buffer> } = {}): Promise<SimpleResponse> {
+  return new Promise((resolve, reject) => {
+    const req = httpRequest(url, { method: opts.method ?? 'GET', headers: opts.headers, agent: false }, res => {
+      const chunks: Buffer[] = []
+      res.on('data', (c: Buffer) => chunks.push(c))
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, rawHeaders: res.rawHeaders, body: Buffer.concat(chunks) }))
+      res.on('error', reject)
+    })
+    req.on('error', reject)
+    const body = opts.body
+    if (body === undefined || typeof body === 'string' || Buffer.isBuffer(body)) {
+      req.end(body)
+    } else {
+      void (async () => {
+        for await (const chunk of body) req.write(chunk)
+        req.end()
+      })().catch(reject)
+    }
+  })
+}
+
+export function json (res: SimpleResponse): unknown {
+  return JSON.parse(res.body.toString('utf8'))
+}
+
+export function sha256 (data: Buffer): string {
+  return createHash('sha256').update(data).digest('hex')
+}
