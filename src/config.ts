@@ -46,6 +46,8 @@ export interface Config {
   readonly upstreamTimeoutMs: number
   readonly connectTimeoutMs: number
   readonly logLevel: LogLevel
+  /** Where `mock-api` listens. */
+  readonly mockHost: string
 }
 
 interface VarSpec {
@@ -60,7 +62,7 @@ interface VarSpec {
   readonly secret?: boolean
 }
 
-const TIMEOUT: VarSpec = { type: 'integer', minimum: 1, maximum: 2_147_483_647, expect: 'must be a whole number of milliseconds ≥ 1' }
+const TIMEOUT = { type: 'integer', minimum: 1, maximum: 2_147_483_647, expect: 'must be a whole number of milliseconds ≥ 1' } as const
 
 /** The one table of settings: schema, defaults and error texts all come from here. */
 export const VARIABLES = {
@@ -79,6 +81,7 @@ export const VARIABLES = {
   COS_UPSTREAM_TIMEOUT_MS: { ...TIMEOUT, default: 30_000 },
   COS_CONNECT_TIMEOUT_MS: { ...TIMEOUT, default: 5_000 },
   COS_LOG_LEVEL: { type: 'string', default: 'info', enum: LOG_LEVELS, expect: `must be one of ${LOG_LEVELS.join(', ')}` },
+  COS_MOCK_HOST: { type: 'string', default: '127.0.0.1', expect: 'must be an IP address or host name' },
 } as const satisfies Record<string, VarSpec>
 
 export type VariableName = keyof typeof VARIABLES
@@ -100,6 +103,8 @@ export interface LoadOptions {
   readonly env?: NodeJS.ProcessEnv
   /** Read ./.env too (real env wins). Default true. */
   readonly dotenv?: boolean
+  /** `token`, `verify` and `mock-api` need only the credentials: no upstream is required. */
+  readonly credentialsOnly?: boolean
 }
 
 /**
@@ -124,7 +129,7 @@ export function loadConfig (opts: LoadOptions = {}): Config {
   for (const name of Object.keys(raw) as VariableName[]) {
     if (raw[name] === '') delete raw[name]
   }
-  return Object.freeze(build(raw))
+  return Object.freeze(build(raw, opts.credentialsOnly ?? false))
 }
 
 function schemaError (err: unknown, data: Record<string, string>): Error {
@@ -138,11 +143,8 @@ function schemaError (err: unknown, data: Record<string, string>): Error {
   return err instanceof Error ? err : new Error(String(err))
 }
 
-function build (raw: Raw): Config {
-  const host = raw.COS_LISTEN_HOST ?? '127.0.0.1'
-  if (isIP(host) === 0 && !/^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$/.test(host)) {
-    throw new ConfigError('COS_LISTEN_HOST', `${VARIABLES.COS_LISTEN_HOST.expect} (got ${JSON.stringify(host)})`)
-  }
+function build (raw: Raw, credentialsOnly: boolean): Config {
+  const host = hostname('COS_LISTEN_HOST', raw.COS_LISTEN_HOST ?? '127.0.0.1')
   const routes: Route[] = []
   const management = route('management', 'COS_MANAGEMENT_API_URL', raw.COS_MANAGEMENT_API_URL, 'COS_MANAGEMENT_PATH_PREFIX', raw.COS_MANAGEMENT_PATH_PREFIX)
   const optimize = route('optimize', 'COS_OPTIMIZE_API_URL', raw.COS_OPTIMIZE_API_URL, 'COS_OPTIMIZE_PATH_PREFIX', raw.COS_OPTIMIZE_PATH_PREFIX)
@@ -153,7 +155,7 @@ function build (raw: Raw): Config {
     throw new ConfigError('COS_OPTIMIZE_PATH_PREFIX', `must not overlap COS_MANAGEMENT_PATH_PREFIX (both claim ${JSON.stringify(optimize.prefix)})`)
   }
   if (api) routes.push(api)
-  if (routes.length === 0) {
+  if (routes.length === 0 && !credentialsOnly) {
     throw new ConfigError('COS_API_URL', 'or COS_MANAGEMENT_API_URL or COS_OPTIMIZE_API_URL is required: nothing to forward to')
   }
   return {
@@ -167,7 +169,15 @@ function build (raw: Raw): Config {
     upstreamTimeoutMs: raw.COS_UPSTREAM_TIMEOUT_MS,
     connectTimeoutMs: raw.COS_CONNECT_TIMEOUT_MS,
     logLevel: raw.COS_LOG_LEVEL as LogLevel,
+    mockHost: hostname('COS_MOCK_HOST', raw.COS_MOCK_HOST ?? '127.0.0.1'),
   }
+}
+
+function hostname (name: 'COS_LISTEN_HOST' | 'COS_MOCK_HOST', host: string): string {
+  if (isIP(host) === 0 && !/^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$/.test(host)) {
+    throw new ConfigError(name, `${VARIABLES[name].expect} (got ${JSON.stringify(host)})`)
+  }
+  return host
 }
 
 function overlaps (a: string, b: string): boolean {
@@ -218,5 +228,8 @@ function credentialSource (name: 'COS_ACCESS_KEY' | 'COS_ACCESS_KEY_SECRET', fil
 
 /** The effective configuration for `cos-auth-proxy config`; secrets print as "[redacted]". */
 export function describeConfig (config: Config): string {
-  return JSON.stringify(config, null, 2)
+  const { accessKey } = config.credentials
+  // The access key is an identifier and may be shown; the secret is a Secret and prints as "[redacted]".
+  const shown = accessKey.value === undefined ? accessKey : { value: accessKey.value.reveal() }
+  return JSON.stringify({ ...config, credentials: { ...config.credentials, accessKey: shown } }, null, 2)
 }

@@ -1,12 +1,13 @@
 // The Access Key pair: read from mounted files or literals, validated as one
 // value and held behind a single reference, so a swap is atomic: a request
 // signs with the old pair or the new pair, never a mix.
+import type { KeyObject } from 'node:crypto'
 import { readFile } from 'node:fs/promises'
 import type { Config, CredentialSource } from './config.js'
 import { HeaderMinter, secretKey, type TokenEncoding } from './token.js'
 
 export type PairResult =
-  | { readonly ok: true, readonly minter: HeaderMinter }
+  | { readonly ok: true, readonly accessKey: string, readonly key: KeyObject, readonly minter: HeaderMinter }
   | { readonly ok: false, readonly variable: string, readonly problem: string }
 
 type ItemResult = { readonly ok: true, readonly value: string } | { readonly ok: false, readonly variable: string, readonly problem: string }
@@ -52,7 +53,8 @@ export async function readPair (credentials: Config['credentials'], encoding: To
   if (problem !== undefined) {
     return { ok: false, variable: credentials.accessKey.file === undefined ? 'COS_ACCESS_KEY' : 'COS_ACCESS_KEY_FILE', problem: `access key ${problem}` }
   }
-  return { ok: true, minter: new HeaderMinter(key.value, secretKey(secret.value), encoding) }
+  const hmacKey = secretKey(secret.value)
+  return { ok: true, accessKey: key.value, key: hmacKey, minter: new HeaderMinter(key.value, hmacKey, encoding) }
 }
 
 /**

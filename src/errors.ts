@@ -1,11 +1,14 @@
-import type { FastifyReply } from 'fastify'
+import type { FastifyReply, RawServerBase, RouteGenericInterface } from 'fastify'
+
+// Any server flavour: reply-from hooks are typed for HTTP/1 and HTTP/2 alike.
+type AnyReply = FastifyReply<RouteGenericInterface, RawServerBase>
 
 export interface ErrorBody {
   readonly error: { readonly code: string, readonly message: string }
 }
 
 /** Every error the proxy itself produces has this shape and carries x-request-id. */
-export function sendError (reply: FastifyReply, status: number, code: string, message: string): FastifyReply {
+export function sendError (reply: AnyReply, status: number, code: string, message: string): AnyReply {
   return reply
     .code(status)
     .header('content-type', 'application/json; charset=utf-8')

@@ -4,6 +4,7 @@
 import type { IncomingHttpHeaders } from 'node:http'
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import httpProxy from '@fastify/http-proxy'
+import type { FastifyReplyFromHooks } from '@fastify/reply-from'
 import { Pool } from 'undici'
 import type { Route, RouteName } from './config.js'
 import type { CredentialStore } from './credentials.js'
@@ -70,22 +71,24 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
   // text parsers; @fastify/http-proxy adds its pass-through parser for '*'.
   fastify.removeAllContentTypeParsers()
 
-  function rewriteRequestHeaders (request: FastifyRequest, headers: IncomingHttpHeaders): IncomingHttpHeaders {
-    for (const name of connectionTokens(request.headers.connection)) headers[name] = undefined
-    for (const name of DROP_REQUEST) headers[name] = undefined
+  const rewriteRequestHeaders: NonNullable<FastifyReplyFromHooks['rewriteRequestHeaders']> = (request, headers) => {
+    const h = headers as IncomingHttpHeaders // HTTP/1 only: the proxy listens on plain HTTP/1.1
+    for (const name of connectionTokens(request.headers.connection)) h[name] = undefined
+    for (const name of DROP_REQUEST) h[name] = undefined
     // preHandler guaranteed a pair; read it again so a swap in between is honoured.
-    headers.authorization = credentials.current?.next()
-    headers['x-request-id'] = request.id
-    return headers
+    h.authorization = credentials.current?.next()
+    h['x-request-id'] = request.id
+    return h
   }
 
-  function rewriteHeaders (headers: IncomingHttpHeaders): IncomingHttpHeaders {
-    for (const name of connectionTokens(headers.connection)) delete headers[name]
-    for (const name of DROP_RESPONSE) delete headers[name]
-    return headers
+  const rewriteHeaders: NonNullable<FastifyReplyFromHooks['rewriteHeaders']> = (headers) => {
+    const h = headers as IncomingHttpHeaders
+    for (const name of connectionTokens(h.connection)) delete h[name]
+    for (const name of DROP_RESPONSE) delete h[name]
+    return h
   }
 
-  function onError (reply: FastifyReply, { error }: { error: Error }): void {
+  const onError: NonNullable<FastifyReplyFromHooks['onError']> = (reply, { error }) => {
     const status = upstreamErrorStatus(error)
     if (status === 504) sendError(reply, 504, 'upstream_timeout', 'the upstream did not answer in time')
     else sendError(reply, 502, 'upstream_unavailable', 'the upstream could not be reached')

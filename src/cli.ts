@@ -1,0 +1,216 @@
+#!/usr/bin/env node
+// cos-auth-proxy [serve|token|verify|config|mock-api|demo]
+import { randomBytes } from 'node:crypto'
+import type { AddressInfo } from 'node:net'
+import { parseArgs } from 'node:util'
+import { ConfigError, EXIT_CONFIG, describeConfig, loadConfig, type Config } from './config.js'
+import { readPair } from './credentials.js'
+import { createLogger } from './logger.js'
+import { buildMockApi } from './mock-api.js'
+import { serve } from './server.js'
+import { encodeToken, formatToken, mintFields, secretKey, verifyToken } from './token.js'
+
+const EXIT_USAGE = 64 // EX_USAGE
+
+const USAGE = `usage: cos-auth-proxy [command] [options]
+
+commands:
+  serve                       run the proxy (default)
+  token [--timestamp NS] [--nonce HEX] [--raw]
+                              print one token, encoded per COS_TOKEN_ENCODING (or raw)
+  verify TOKEN [--max-age S]  check a token (encoded or raw) against the configured pair
+  config                      print the effective configuration, secrets redacted
+  mock-api [--port N]         run a local stand-in for the COS APIs that verifies tokens
+  demo                        run mock-api and the proxy with a throwaway key pair
+
+Configuration comes from COS_* environment variables and ./.env; see README.md.`
+
+class UsageError extends Error {}
+
+function fail (code: number, message: string): never {
+  process.stderr.write(`cos-auth-proxy: ${message}\n`)
+  process.exit(code)
+}
+
+function parse<T extends Record<string, { type: 'string' | 'boolean' }>> (args: string[], options: T, positionals = 0): ReturnType<typeof parseArgs<{ args: string[], options: T, allowPositionals: true, strict: true }>> {
+  let parsed
+  try {
+    parsed = parseArgs({ args, options, allowPositionals: true, strict: true })
+  } catch (err) {
+    throw new UsageError((err as Error).message)
+  }
+  if (parsed.positionals.length > positionals) throw new UsageError(`unexpected argument ${JSON.stringify(parsed.positionals[positionals])}`)
+  return parsed
+}
+
+async function credentialsOrExit (config: Config): Promise<Extract<Awaited<ReturnType<typeof readPair>>, { ok: true }>> {
+  const pair = await readPair(config.credentials, config.tokenEncoding)
+  if (!pair.ok) fail(EXIT_CONFIG, `config: ${pair.variable} ${pair.problem}`)
+  return pair
+}
+
+const commands: Record<string, (args: string[]) => Promise<void>> = {
+  async serve (args) {
+    parse(args, {})
+    const config = loadConfig()
+    const pair = await credentialsOrExit(config)
+    await serve({ config, minter: pair.minter, logger: createLogger(config.logLevel) })
+  },
+
+  async token (args) {
+    const { values } = parse(args, { timestamp: { type: 'string' }, nonce: { type: 'string' }, raw: { type: 'boolean' } })
+    if (values.timestamp !== undefined && !/^(0|[1-9][0-9]{0,19})$/.test(values.timestamp)) throw new UsageError('--timestamp must be a decimal number of nanoseconds (0 = now)')
+    if (values.nonce !== undefined && !/^[0-9a-f]{1,128}$/.test(values.nonce)) throw new UsageError('--nonce must be lowercase hex')
+    const config = loadConfig({ credentialsOnly: true })
+    const pair = await credentialsOrExit(config)
+    const fields = mintFields({ accessKey: pair.accessKey, key: pair.key, timestamp: values.timestamp, nonce: values.nonce })
+    const raw = formatToken(fields)
+    process.stdout.write((values.raw === true ? raw : encodeToken(raw, config.tokenEncoding)) + '\n')
+  },
+
+  async verify (args) {
+    const { values, positionals } = parse(args, { 'max-age': { type: 'string' } }, 1)
+    const token = positionals[0]
+    if (token === undefined) throw new UsageError('verify needs a TOKEN')
+    const maxAge = values['max-age']
+    if (maxAge !== undefined && !/^[0-9]+$/.test(maxAge)) throw new UsageError('--max-age must be a whole number of seconds')
+    const config = loadConfig({ credentialsOnly: true })
+    const pair = await credentialsOrExit(config)
+    const result = verifyToken(token, {
+      accessKey: pair.accessKey,
+      key: pair.key,
+      ...(maxAge === undefined ? {} : { maxSkewNs: BigInt(maxAge) * 1_000_000_000n }),
+    })
+    if (!result.ok) {
+      process.stderr.write(`invalid: ${result.code}: ${result.reason}\n`)
+      process.exitCode = 1
+      return
+    }
+    const ageS = (Number(BigInt(Date.now()) * 1_000_000n - BigInt(result.fields.timestamp)) / 1e9).toFixed(3)
+    process.stdout.write(`valid: access key ${result.fields.accessKey}, timestamp ${result.fields.timestamp} (${ageS} s ago), nonce ${result.fields.nonce}\n`)
+  },
+
+  async config (args) {
+    parse(args, {})
+    process.stdout.write(describeConfig(loadConfig()) + '\n')
+    return Promise.resolve()
+  },
+
+  async 'mock-api' (args) {
+    const { values } = parse(args, { port: { type: 'string' } })
+    const port = values.port === undefined ? 8081 : Number(values.port)
+    if (!Number.isInteger(port) || port < 0 || port > 65535) throw new UsageError('--port must be 0-65535')
+    const config = loadConfig({ credentialsOnly: true })
+    const pair = await credentialsOrExit(config)
+    const logger = createLogger(config.logLevel)
+    const app = buildMockApi({ accessKey: pair.accessKey, key: pair.key, logger })
+    await app.listen({ host: config.mockHost, port })
+    const { address, port: bound } = app.server.address() as AddressInfo
+    logger.info({ address, port: bound, accessKey: pair.accessKey }, 'mock COS API listening')
+    stopOnSignal(async () => { await app.close() })
+  },
+
+  async demo (args) {
+    parse(args, {})
+    const accessKey = `demo-${randomBytes(4).toString('hex')}`
+    const secret = randomBytes(24).toString('base64')
+    // Only where to listen and how to log come from the environment; credentials never do.
+    const ambient = loadConfig({
+      credentialsOnly: true,
+      env: { ...pick(process.env, ['COS_LISTEN_HOST', 'COS_LISTEN_PORT', 'COS_LOG_LEVEL', 'COS_TOKEN_ENCODING', 'COS_MOCK_HOST']), COS_ACCESS_KEY: accessKey, COS_ACCESS_KEY_SECRET: secret },
+    })
+    const logger = createLogger(ambient.logLevel)
+    const mock = buildMockApi({ accessKey, key: secretKey(secret), logger: logger.child({ component: 'mock-api' }) })
+    await mock.listen({ host: ambient.mockHost, port: 0 })
+    const mockUrl = `http://${hostPort(mock.server.address() as AddressInfo)}`
+    const config = loadConfig({
+      dotenv: false,
+      env: {
+        COS_LISTEN_HOST: ambient.listen.host,
+        COS_LISTEN_PORT: String(ambient.listen.port),
+        COS_LOG_LEVEL: ambient.logLevel,
+        COS_TOKEN_ENCODING: ambient.tokenEncoding,
+        COS_MANAGEMENT_API_URL: `${mockUrl}/management`,
+        COS_OPTIMIZE_API_URL: `${mockUrl}/optimize`,
+        COS_API_URL: mockUrl,
+        COS_ACCESS_KEY: accessKey,
+        COS_ACCESS_KEY_SECRET: secret,
+      },
+    })
+    const pair = await credentialsOrExit(config)
+    await serve({
+      config,
+      minter: pair.minter,
+      logger,
+      onListening: (address) => {
+        const p = `http://${hostPort(address)}`
+        process.stderr.write(`
+cos-auth-proxy demo
+  mock COS API  ${mockUrl}   (verifies every token; throwaway access key ${accessKey})
+  proxy         ${p}
+
+Try:
+  curl -s ${p}/management/v1/clusters
+  curl -s ${p}/management/v1/notification-rules
+  curl -s ${p}/optimize/v1/workloads/recommendations
+  curl -s -X POST -H 'content-type: application/json' -d '{"hello":"world"}' ${p}/echo
+  curl -s ${mockUrl}/management/v1/clusters     # straight to the API, no token: 401
+
+Ctrl-C to stop.
+`)
+      },
+      onClose: async () => { await mock.close() },
+    })
+  },
+}
+
+function pick (env: NodeJS.ProcessEnv, names: string[]): Record<string, string> {
+  const out: Record<string, string> = {}
+  for (const n of names) {
+    const v = env[n]
+    if (v !== undefined) out[n] = v
+  }
+  return out
+}
+
+function hostPort (a: AddressInfo): string {
+  return a.family === 'IPv6' ? `[${a.address}]:${a.port}` : `${a.address}:${a.port}`
+}
+
+function stopOnSignal (stop: () => Promise<void>): void {
+  const handler = (): void => {
+    process.removeListener('SIGTERM', handler)
+    process.removeListener('SIGINT', handler)
+    process.once('SIGTERM', () => process.exit(0))
+    process.once('SIGINT', () => process.exit(0))
+    stop().then(() => process.exit(0), () => process.exit(1))
+  }
+  process.on('SIGTERM', handler)
+  process.on('SIGINT', handler)
+}
+
+export async function main (argv: string[]): Promise<void> {
+  const [first, ...rest] = argv
+  const name = first === undefined || first.startsWith('-') ? 'serve' : first
+  const args = first === undefined || first.startsWith('-') ? argv : rest
+  if (name === 'help' || args.includes('--help') || args.includes('-h')) {
+    process.stdout.write(USAGE + '\n')
+    return
+  }
+  const command = commands[name]
+  if (command === undefined) fail(EXIT_USAGE, `unknown command ${JSON.stringify(name)}\n${USAGE}`)
+  try {
+    await command(args)
+  } catch (err) {
+    if (err instanceof ConfigError) fail(EXIT_CONFIG, `config: ${err.message}`)
+    if (err instanceof UsageError) fail(EXIT_USAGE, `${err.message}\n${USAGE}`)
+    throw err
+  }
+}
+
+main(process.argv.slice(2)).catch((err: unknown) => {
+  // Our own errors never hold secrets; a stack from a dependency might hold
+  // anything, so only its name, code and message are printed.
+  const e = err as { name?: string, code?: string, message?: string }
+  fail(1, `${e.name ?? 'Error'}${e.code === undefined ? '' : ` (${e.code})`}: ${e.message ?? String(err)}`)
+})

@@ -1,0 +1,154 @@
+// Configuration: defaults, every validation rule, and the error line that names the variable.
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { inspect } from 'node:util'
+import t from 'tap'
+import { ConfigError, describeConfig, loadConfig } from '../src/config.js'
+import { readPair } from '../src/credentials.js'
+import { verifyToken } from '../src/token.js'
+
+const SECRET = 'config-SeCrEt-marker'
+const base = { COS_API_URL: 'https://api.example.com', COS_ACCESS_KEY: 'ak', COS_ACCESS_KEY_SECRET: SECRET }
+const load = (env: Record<string, string>, extra: { credentialsOnly?: boolean } = {}) => loadConfig({ env, dotenv: false, ...extra })
+
+function errorOf (env: Record<string, string>): ConfigError {
+  try {
+    load(env)
+  } catch (err) {
+    if (err instanceof ConfigError) return err
+    throw err
+  }
+  throw new Error('expected a ConfigError')
+}
+
+t.test('defaults', async t => {
+  const c = load(base)
+  t.same(c.listen, { host: '127.0.0.1', port: 8080 })
+  t.equal(c.tokenEncoding, 'url')
+  t.equal(c.upstreamTimeoutMs, 30000)
+  t.equal(c.connectTimeoutMs, 5000)
+  t.equal(c.logLevel, 'info')
+  t.same(c.routes.map(r => r.name), ['api'])
+  t.ok(Object.isFrozen(c), 'frozen')
+})
+
+t.test('routes: prefixes, base paths, trailing slashes', async t => {
+  const c = load({
+    ...base,
+    COS_MANAGEMENT_API_URL: 'https://m.example.com/',
+    COS_OPTIMIZE_API_URL: 'http://o.example.com:8443/api/v1/',
+    COS_OPTIMIZE_PATH_PREFIX: '/opt/',
+  })
+  t.same(c.routes.map(r => [r.name, r.prefix, r.origin, r.basePath]), [
+    ['management', '/management', 'https://m.example.com', ''],
+    ['optimize', '/opt', 'http://o.example.com:8443', '/api/v1'],
+    ['api', '', 'https://api.example.com', ''],
+  ])
+})
+
+t.test('each bad value exits with a line naming the variable', async t => {
+  const cases: [Record<string, string>, string, RegExp][] = [
+    [{ ...base, COS_LISTEN_PORT: 'abc' }, 'COS_LISTEN_PORT', /port number/],
+    [{ ...base, COS_LISTEN_PORT: '70000' }, 'COS_LISTEN_PORT', /port number/],
+    [{ ...base, COS_LISTEN_HOST: 'bad host!' }, 'COS_LISTEN_HOST', /IP address or host name/],
+    [{ ...base, COS_API_URL: 'not a url' }, 'COS_API_URL', /absolute http\(s\) URL/],
+    [{ ...base, COS_API_URL: 'ftp://x.example.com' }, 'COS_API_URL', /http or https/],
+    [{ ...base, COS_API_URL: 'https://x.example.com/?a=1' }, 'COS_API_URL', /query/],
+    [{ ...base, COS_API_URL: 'https://x.example.com/#f' }, 'COS_API_URL', /fragment/],
+    [{ ...base, COS_API_URL: '/relative' }, 'COS_API_URL', /absolute/],
+    [{ ...base, COS_MANAGEMENT_API_URL: 'https://u:p@m.example.com' }, 'COS_MANAGEMENT_API_URL', /user:password/],
+    [{ ...base, COS_OPTIMIZE_API_URL: 'https://o.example.com', COS_OPTIMIZE_PATH_PREFIX: 'optimize' }, 'COS_OPTIMIZE_PATH_PREFIX', /must be a path/],
+    [{ ...base, COS_OPTIMIZE_API_URL: 'https://o.example.com', COS_OPTIMIZE_PATH_PREFIX: '/' }, 'COS_OPTIMIZE_PATH_PREFIX', /must be a path/],
+    [{ ...base, COS_OPTIMIZE_API_URL: 'https://o.example.com', COS_OPTIMIZE_PATH_PREFIX: '/a/*' }, 'COS_OPTIMIZE_PATH_PREFIX', /must be a path/],
+    [{ ...base, COS_MANAGEMENT_API_URL: 'https://m.example.com', COS_OPTIMIZE_API_URL: 'https://o.example.com', COS_OPTIMIZE_PATH_PREFIX: '/management/x' }, 'COS_OPTIMIZE_PATH_PREFIX', /overlap/],
+    [{ ...base, COS_TOKEN_ENCODING: 'base64' }, 'COS_TOKEN_ENCODING', /url, none/],
+    [{ ...base, COS_UPSTREAM_TIMEOUT_MS: '0' }, 'COS_UPSTREAM_TIMEOUT_MS', /milliseconds/],
+    [{ ...base, COS_CONNECT_TIMEOUT_MS: '1.5' }, 'COS_CONNECT_TIMEOUT_MS', /milliseconds/],
+    [{ ...base, COS_LOG_LEVEL: 'verbose' }, 'COS_LOG_LEVEL', /info/],
+    [{ COS_ACCESS_KEY: 'ak', COS_ACCESS_KEY_SECRET: SECRET }, 'COS_API_URL', /required/],
+    [{ COS_API_URL: 'https://a.example.com', COS_ACCESS_KEY_SECRET: SECRET }, 'COS_ACCESS_KEY_FILE', /COS_ACCESS_KEY\) is required/],
+    [{ COS_API_URL: 'https://a.example.com', COS_ACCESS_KEY: 'ak' }, 'COS_ACCESS_KEY_SECRET_FILE', /required/],
+    [{ ...base, COS_ACCESS_KEY_FILE: '/k' }, 'COS_ACCESS_KEY_FILE', /both set/],
+    [{ ...base, COS_ACCESS_KEY_SECRET_FILE: '/s' }, 'COS_ACCESS_KEY_SECRET_FILE', /both set/],
+  ]
+  for (const [env, variable, problem] of cases) {
+    const err = errorOf(env)
+    t.equal(err.variable, variable, `${variable}: ${err.message}`)
+    t.ok(err.message.startsWith(variable + ' '), 'the line starts with the variable')
+    t.match(err.message, problem)
+    t.notOk(err.message.includes('\n'), 'one line')
+    t.notOk(err.message.includes(SECRET), 'no secret')
+  }
+})
+
+t.test('a secret that fails validation is not echoed', async t => {
+  // Only a type failure could echo a value; the secret is free text, so force one on a
+  // neighbour and make sure the message about credentials never carries the secret.
+  const err = errorOf({ COS_API_URL: 'https://a.example.com', COS_ACCESS_KEY_SECRET: SECRET, COS_ACCESS_KEY_FILE: '/k', COS_ACCESS_KEY: 'ak' })
+  t.notOk(err.message.includes(SECRET))
+})
+
+t.test('empty values count as unset', async t => {
+  const c = load({ ...base, COS_LISTEN_PORT: '', COS_MANAGEMENT_API_URL: '' })
+  t.equal(c.listen.port, 8080)
+  t.same(c.routes.map(r => r.name), ['api'])
+})
+
+t.test('credentialsOnly needs no upstream', async t => {
+  const c = load({ COS_ACCESS_KEY: 'ak', COS_ACCESS_KEY_SECRET: SECRET }, { credentialsOnly: true })
+  t.same(c.routes, [])
+})
+
+t.test('.env in the working directory is read and the real environment wins', async t => {
+  const dir = mkdtempSync(join(tmpdir(), 'cos-env-'))
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }))
+  writeFileSync(join(dir, '.env'), 'COS_API_URL=https://from-dotenv.example.com\nCOS_LISTEN_PORT=9999\nCOS_LOG_LEVEL=debug\n')
+  const cwd = process.cwd()
+  process.chdir(dir)
+  t.teardown(() => process.chdir(cwd))
+  const c = loadConfig({ env: { COS_ACCESS_KEY: 'ak', COS_ACCESS_KEY_SECRET: SECRET, COS_LISTEN_PORT: '7000' } })
+  t.equal(c.routes[0]?.origin, 'https://from-dotenv.example.com')
+  t.equal(c.listen.port, 7000, 'real env wins')
+  t.equal(c.logLevel, 'debug')
+})
+
+t.test('the secret never prints: JSON, inspect, template strings, config output', async t => {
+  const c = load(base)
+  const all = [JSON.stringify(c), inspect(c, { depth: 10 }), `${String(c.credentials.secret.value)}`, describeConfig(c)]
+  for (const s of all) t.notOk(s.includes(SECRET), s.slice(0, 60))
+  t.match(describeConfig(c), /"secret": \{\s*"value": "\[redacted\]"/)
+  t.match(describeConfig(c), /"value": "ak"/, 'the access key may be shown')
+})
+
+t.test('credential files: trimmed, empty or missing is an error naming the variable, pair signs', async t => {
+  const dir = mkdtempSync(join(tmpdir(), 'cos-cred-'))
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }))
+  writeFileSync(join(dir, 'key'), '  AKIDFILE\n')
+  writeFileSync(join(dir, 'secret'), SECRET + '\n')
+  writeFileSync(join(dir, 'empty'), ' \n\t')
+  writeFileSync(join(dir, 'badkey'), 'a/b\n')
+  const env = { COS_API_URL: 'https://a.example.com', COS_ACCESS_KEY_FILE: join(dir, 'key'), COS_ACCESS_KEY_SECRET_FILE: join(dir, 'secret') }
+
+  const good = await readPair(load(env).credentials, 'url')
+  if (!good.ok) throw new Error('expected a pair')
+  t.equal(good.accessKey, 'AKIDFILE')
+  t.ok(verifyToken(good.minter.next().slice(7), { accessKey: 'AKIDFILE', key: SECRET }).ok, 'trimmed secret signs')
+
+  const cases: [Record<string, string>, string, RegExp][] = [
+    [{ COS_ACCESS_KEY_SECRET_FILE: join(dir, 'empty') }, 'COS_ACCESS_KEY_SECRET_FILE', /is empty/],
+    [{ COS_ACCESS_KEY_FILE: join(dir, 'missing') }, 'COS_ACCESS_KEY_FILE', /cannot read .*ENOENT/],
+    [{ COS_ACCESS_KEY_FILE: dir }, 'COS_ACCESS_KEY_FILE', /cannot read .*EISDIR/],
+    [{ COS_ACCESS_KEY_FILE: join(dir, 'badkey') }, 'COS_ACCESS_KEY_FILE', /must not contain/],
+  ]
+  for (const [override, variable, problem] of cases) {
+    const r = await readPair(load({ ...env, ...override }).credentials, 'url')
+    t.notOk(r.ok)
+    if (!r.ok) {
+      t.equal(r.variable, variable)
+      t.match(r.problem, problem)
+      t.notOk(r.problem.includes(SECRET))
+    }
+  }
+  t.ok(inspect(good, { depth: 10 }).includes(SECRET) === false, 'inspecting a pair shows no secret')
+})
