@@ -1,6 +1,8 @@
 // Environment → one validated, typed, frozen Config. Every error names the
 // variable; a secret's value is never echoed.
+import { readFileSync } from 'node:fs'
 import { isIP } from 'node:net'
+import { parseEnv } from 'node:util'
 import envSchema from 'env-schema'
 import { Secret } from './secret.js'
 import { TOKEN_ENCODINGS, type TokenEncoding } from './token.js'
@@ -90,8 +92,8 @@ type Raw = { -readonly [K in VariableName]: (typeof VARIABLES)[K]['type'] extend
 function jsonSchema (): object {
   const properties: Record<string, object> = {}
   for (const [name, spec] of Object.entries(VARIABLES) as [string, VarSpec][]) {
-    const { expect: _e, secret: _s, ...schema } = spec
-    properties[name] = schema
+    const { type, default: def, enum: values, minimum, maximum } = spec
+    properties[name] = Object.fromEntries(Object.entries({ type, default: def, enum: values, minimum, maximum }).filter(([, v]) => v !== undefined))
   }
   return { type: 'object', properties }
 }
@@ -113,23 +115,35 @@ export interface LoadOptions {
  * sidecars configured through Kubernetes or compose (`FOO=`).
  */
 export function loadConfig (opts: LoadOptions = {}): Config {
-  const source = opts.env ?? process.env
+  // .env is read here rather than by env-schema's `dotenv` option (same parser,
+  // node:util parseEnv) so that its empty values are dropped like the real
+  // environment's: env-schema would coerce `COS_LISTEN_PORT=` to port 0.
+  const sources = [opts.dotenv === false ? {} : readDotenv(), opts.env ?? process.env]
   const data: Record<string, string> = {}
-  for (const name of Object.keys(VARIABLES)) {
-    const v = source[name]
-    if (v !== undefined && v !== '') data[name] = v
+  for (const source of sources) {
+    for (const name of Object.keys(VARIABLES)) {
+      const v = source[name]
+      if (v !== undefined && v !== '') data[name] = v
+    }
   }
   let raw: Raw
   try {
-    raw = envSchema<Raw>({ schema: jsonSchema(), data, env: false, dotenv: opts.dotenv ?? true })
+    raw = envSchema<Raw>({ schema: jsonSchema(), data, env: false, dotenv: false })
   } catch (err) {
     throw schemaError(err, data)
   }
-  // env-schema merged .env under data; drop .env's empty values too.
-  for (const name of Object.keys(raw) as VariableName[]) {
-    if (raw[name] === '') delete raw[name]
-  }
   return Object.freeze(build(raw, opts.credentialsOnly ?? false))
+}
+
+function readDotenv (): Record<string, string | undefined> {
+  let text: string
+  try {
+    text = readFileSync('.env', 'utf8')
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return {}
+    throw new ConfigError('.env', `cannot be read (${(err as NodeJS.ErrnoException).code ?? 'error'})`)
+  }
+  return parseEnv(text)
 }
 
 function schemaError (err: unknown, data: Record<string, string>): Error {

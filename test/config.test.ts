@@ -103,7 +103,7 @@ t.test('credentialsOnly needs no upstream', async t => {
 t.test('.env in the working directory is read and the real environment wins', async t => {
   const dir = mkdtempSync(join(tmpdir(), 'cos-env-'))
   t.teardown(() => rmSync(dir, { recursive: true, force: true }))
-  writeFileSync(join(dir, '.env'), 'COS_API_URL=https://from-dotenv.example.com\nCOS_LISTEN_PORT=9999\nCOS_LOG_LEVEL=debug\n')
+  writeFileSync(join(dir, '.env'), 'COS_API_URL=https://from-dotenv.example.com\nCOS_LISTEN_PORT=9999\nCOS_LOG_LEVEL=debug\nCOS_CONNECT_TIMEOUT_MS=\n')
   const cwd = process.cwd()
   process.chdir(dir)
   t.teardown(() => process.chdir(cwd))
@@ -111,11 +111,12 @@ t.test('.env in the working directory is read and the real environment wins', as
   t.equal(c.routes[0]?.origin, 'https://from-dotenv.example.com')
   t.equal(c.listen.port, 7000, 'real env wins')
   t.equal(c.logLevel, 'debug')
+  t.equal(c.connectTimeoutMs, 5000, 'an empty value in .env counts as unset, not 0')
 })
 
 t.test('the secret never prints: JSON, inspect, template strings, config output', async t => {
   const c = load(base)
-  const all = [JSON.stringify(c), inspect(c, { depth: 10 }), `${String(c.credentials.secret.value)}`, describeConfig(c)]
+  const all = [JSON.stringify(c), inspect(c, { depth: 10 }), String(c.credentials.secret.value), describeConfig(c)]
   for (const s of all) t.notOk(s.includes(SECRET), s.slice(0, 60))
   t.match(describeConfig(c), /"secret": \{\s*"value": "\[redacted\]"/)
   t.match(describeConfig(c), /"value": "ak"/, 'the access key may be shown')
@@ -150,5 +151,5 @@ t.test('credential files: trimmed, empty or missing is an error naming the varia
       t.notOk(r.problem.includes(SECRET))
     }
   }
-  t.ok(inspect(good, { depth: 10 }).includes(SECRET) === false, 'inspecting a pair shows no secret')
+  t.ok(!inspect(good, { depth: 10 }).includes(SECRET), 'inspecting a pair shows no secret')
 })

@@ -236,7 +236,7 @@ t.test('responses pass through: status, multiple Set-Cookie, 204, 304, HEAD, Loc
         res.end(req.method === 'HEAD' ? undefined : 'hello')
     }
   })
-  const proxy = await startProxy({ COS_API_URL: `${up.url}` })
+  const proxy = await startProxy({ COS_API_URL: up.url })
   t.teardown(async () => { await proxy.close(); await up.close() })
 
   const cookies = await send(`${proxy.url}/cookies`)
