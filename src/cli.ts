@@ -2,6 +2,7 @@
 // cos-auth-proxy [serve|token|verify|config|mock-api|demo]
 import { randomBytes } from 'node:crypto'
 import type { AddressInfo } from 'node:net'
+import { setTimeout as sleep } from 'node:timers/promises'
 import { parseArgs } from 'node:util'
 import { ConfigError, EXIT_CONFIG, describeConfig, loadConfig, type Config } from './config.js'
 import { readPair } from './credentials.js'
@@ -16,6 +17,7 @@ const USAGE = `usage: cos-auth-proxy [command] [options]
 
 commands:
   serve                       run the proxy (default)
+  wait [--timeout S]          exit 0 once the admin /readyz answers 200 (default 30 s)
   token [--timestamp NS] [--nonce HEX] [--raw]
                               print one token, encoded per COS_TOKEN_ENCODING (or raw)
   verify TOKEN [--max-age S]  check a token (encoded or raw) against the configured pair
@@ -53,15 +55,38 @@ const commands: Record<string, (args: string[]) => Promise<void>> = {
   async serve (args) {
     parse(args, {})
     const config = loadConfig()
-    const pair = await credentialsOrExit(config)
-    await serve({ config, minter: pair.minter, logger: createLogger(config.logLevel) })
+    // Credential files that are missing or empty do not stop it: it starts
+    // unready and picks them up when they appear (a Secret mounted late).
+    await serve({ config, logger: createLogger(config.logLevel) })
+  },
+
+  async wait (args) {
+    const { values } = parse(args, { timeout: { type: 'string' } })
+    const timeoutS = values.timeout === undefined ? 30 : Number(values.timeout)
+    if (!Number.isFinite(timeoutS) || timeoutS <= 0) throw new UsageError('--timeout must be a number of seconds > 0')
+    const { admin } = loadConfig({ needs: 'nothing' })
+    const host = admin.host === '0.0.0.0' ? '127.0.0.1' : admin.host === '::' ? '::1' : admin.host
+    const url = `http://${host.includes(':') ? `[${host}]` : host}:${admin.port}/readyz`
+    const deadline = Date.now() + timeoutS * 1000
+    let last: string
+    for (;;) {
+      try {
+        const res = await fetch(url, { signal: AbortSignal.timeout(1000) })
+        if (res.status === 200) return
+        last = `${res.status} ${await res.text()}`
+      } catch (err) {
+        last = (err as Error).cause instanceof Error ? ((err as Error).cause as Error).message : (err as Error).message
+      }
+      if (Date.now() >= deadline) fail(1, `not ready after ${timeoutS} s (${url}: ${last})`)
+      await sleep(250)
+    }
   },
 
   async token (args) {
     const { values } = parse(args, { timestamp: { type: 'string' }, nonce: { type: 'string' }, raw: { type: 'boolean' } })
     if (values.timestamp !== undefined && !/^(0|[1-9][0-9]{0,19})$/.test(values.timestamp)) throw new UsageError('--timestamp must be a decimal number of nanoseconds (0 = now)')
     if (values.nonce !== undefined && !/^[0-9a-f]{1,128}$/.test(values.nonce)) throw new UsageError('--nonce must be lowercase hex')
-    const config = loadConfig({ credentialsOnly: true })
+    const config = loadConfig({ needs: 'credentials' })
     const pair = await credentialsOrExit(config)
     const fields = mintFields({ accessKey: pair.accessKey, key: pair.key, timestamp: values.timestamp, nonce: values.nonce })
     const raw = formatToken(fields)
@@ -74,7 +99,7 @@ const commands: Record<string, (args: string[]) => Promise<void>> = {
     if (token === undefined) throw new UsageError('verify needs a TOKEN')
     const maxAge = values['max-age']
     if (maxAge !== undefined && !/^[0-9]+$/.test(maxAge)) throw new UsageError('--max-age must be a whole number of seconds')
-    const config = loadConfig({ credentialsOnly: true })
+    const config = loadConfig({ needs: 'credentials' })
     const pair = await credentialsOrExit(config)
     const result = verifyToken(token, {
       accessKey: pair.accessKey,
@@ -100,7 +125,7 @@ const commands: Record<string, (args: string[]) => Promise<void>> = {
     const { values } = parse(args, { port: { type: 'string' } })
     const port = values.port === undefined ? 8081 : Number(values.port)
     if (!Number.isInteger(port) || port < 0 || port > 65535) throw new UsageError('--port must be 0-65535')
-    const config = loadConfig({ credentialsOnly: true })
+    const config = loadConfig({ needs: 'credentials' })
     const pair = await credentialsOrExit(config)
     const logger = createLogger(config.logLevel)
     const app = buildMockApi({ accessKey: pair.accessKey, key: pair.key, logger })
@@ -116,8 +141,8 @@ const commands: Record<string, (args: string[]) => Promise<void>> = {
     const secret = randomBytes(24).toString('base64')
     // Only where to listen and how to log come from the environment; credentials never do.
     const ambient = loadConfig({
-      credentialsOnly: true,
-      env: { ...pick(process.env, ['COS_LISTEN_HOST', 'COS_LISTEN_PORT', 'COS_LOG_LEVEL', 'COS_TOKEN_ENCODING', 'COS_MOCK_HOST']), COS_ACCESS_KEY: accessKey, COS_ACCESS_KEY_SECRET: secret },
+      needs: 'credentials',
+      env: { ...pick(process.env, DEMO_AMBIENT), COS_ACCESS_KEY: accessKey, COS_ACCESS_KEY_SECRET: secret },
     })
     const logger = createLogger(ambient.logLevel)
     const mock = buildMockApi({ accessKey, key: secretKey(secret), logger: logger.child({ component: 'mock-api' }) })
@@ -126,10 +151,7 @@ const commands: Record<string, (args: string[]) => Promise<void>> = {
     const config = loadConfig({
       dotenv: false,
       env: {
-        COS_LISTEN_HOST: ambient.listen.host,
-        COS_LISTEN_PORT: String(ambient.listen.port),
-        COS_LOG_LEVEL: ambient.logLevel,
-        COS_TOKEN_ENCODING: ambient.tokenEncoding,
+        ...pick(process.env, DEMO_AMBIENT),
         COS_MANAGEMENT_API_URL: `${mockUrl}/management`,
         COS_OPTIMIZE_API_URL: `${mockUrl}/optimize`,
         COS_API_URL: mockUrl,
@@ -137,10 +159,8 @@ const commands: Record<string, (args: string[]) => Promise<void>> = {
         COS_ACCESS_KEY_SECRET: secret,
       },
     })
-    const pair = await credentialsOrExit(config)
     await serve({
       config,
-      minter: pair.minter,
       logger,
       onListening: (address) => {
         const p = `http://${hostPort(address)}`
@@ -163,6 +183,9 @@ Ctrl-C to stop.
     })
   },
 }
+
+// What the demo takes from the environment: where to listen, how to log. Never credentials or upstreams.
+const DEMO_AMBIENT = ['COS_LISTEN_HOST', 'COS_LISTEN_PORT', 'COS_ADMIN_HOST', 'COS_ADMIN_PORT', 'COS_LOG_LEVEL', 'COS_TOKEN_ENCODING', 'COS_MOCK_HOST']
 
 function pick (env: NodeJS.ProcessEnv, names: string[]): Record<string, string> {
   const out: Record<string, string> = {}

@@ -50,6 +50,14 @@ export interface Config {
   readonly logLevel: LogLevel
   /** Where `mock-api` listens. */
   readonly mockHost: string
+  /** Fallback re-read period of the credential files (they are also watched). */
+  readonly credentialsReloadMs: number
+  readonly admin: { readonly host: string, readonly port: number }
+  readonly shutdownDelayMs: number
+  readonly shutdownTimeoutMs: number
+  /** Longest silence allowed while a body streams, either way. */
+  readonly bodyIdleTimeoutMs: number
+  readonly tls: { readonly caFile?: string, readonly clientCertFile?: string, readonly clientKeyFile?: string }
 }
 
 interface VarSpec {
@@ -84,6 +92,15 @@ export const VARIABLES = {
   COS_CONNECT_TIMEOUT_MS: { ...TIMEOUT, default: 5_000 },
   COS_LOG_LEVEL: { type: 'string', default: 'info', enum: LOG_LEVELS, expect: `must be one of ${LOG_LEVELS.join(', ')}` },
   COS_MOCK_HOST: { type: 'string', default: '127.0.0.1', expect: 'must be an IP address or host name' },
+  COS_CREDENTIALS_RELOAD_MS: { ...TIMEOUT, default: 1_000 },
+  COS_ADMIN_HOST: { type: 'string', default: '127.0.0.1', expect: 'must be an IP address or host name' },
+  COS_ADMIN_PORT: { type: 'integer', default: 9090, minimum: 0, maximum: 65535, expect: 'must be a port number 0-65535' },
+  COS_SHUTDOWN_DELAY_MS: { type: 'integer', default: 0, minimum: 0, maximum: 2_147_483_647, expect: 'must be a whole number of milliseconds ≥ 0' },
+  COS_SHUTDOWN_TIMEOUT_MS: { ...TIMEOUT, default: 25_000 },
+  COS_BODY_IDLE_TIMEOUT_MS: { ...TIMEOUT, default: 60_000 },
+  COS_CA_FILE: { type: 'string', expect: 'must be a file path' },
+  COS_CLIENT_CERT_FILE: { type: 'string', expect: 'must be a file path' },
+  COS_CLIENT_KEY_FILE: { type: 'string', expect: 'must be a file path' },
 } as const satisfies Record<string, VarSpec>
 
 export type VariableName = keyof typeof VARIABLES
@@ -105,8 +122,11 @@ export interface LoadOptions {
   readonly env?: NodeJS.ProcessEnv
   /** Read ./.env too (real env wins). Default true. */
   readonly dotenv?: boolean
-  /** `token`, `verify` and `mock-api` need only the credentials: no upstream is required. */
-  readonly credentialsOnly?: boolean
+  /**
+   * What the command needs: `serve` everything; `token`, `verify` and
+   * `mock-api` only the credentials; `wait` neither upstream nor credentials.
+   */
+  readonly needs?: 'all' | 'credentials' | 'nothing'
 }
 
 /**
@@ -132,7 +152,7 @@ export function loadConfig (opts: LoadOptions = {}): Config {
   } catch (err) {
     throw schemaError(err, data)
   }
-  return Object.freeze(build(raw, opts.credentialsOnly ?? false))
+  return Object.freeze(build(raw, opts.needs ?? 'all'))
 }
 
 function readDotenv (): Record<string, string | undefined> {
@@ -157,7 +177,7 @@ function schemaError (err: unknown, data: Record<string, string>): Error {
   return err instanceof Error ? err : new Error(String(err))
 }
 
-function build (raw: Raw, credentialsOnly: boolean): Config {
+function build (raw: Raw, needs: NonNullable<LoadOptions['needs']>): Config {
   const host = hostname('COS_LISTEN_HOST', raw.COS_LISTEN_HOST ?? '127.0.0.1')
   const routes: Route[] = []
   const management = route('management', 'COS_MANAGEMENT_API_URL', raw.COS_MANAGEMENT_API_URL, 'COS_MANAGEMENT_PATH_PREFIX', raw.COS_MANAGEMENT_PATH_PREFIX)
@@ -169,25 +189,47 @@ function build (raw: Raw, credentialsOnly: boolean): Config {
     throw new ConfigError('COS_OPTIMIZE_PATH_PREFIX', `must not overlap COS_MANAGEMENT_PATH_PREFIX (both claim ${JSON.stringify(optimize.prefix)})`)
   }
   if (api) routes.push(api)
-  if (routes.length === 0 && !credentialsOnly) {
+  const admin = { host: hostname('COS_ADMIN_HOST', raw.COS_ADMIN_HOST ?? '127.0.0.1'), port: raw.COS_ADMIN_PORT }
+  if (admin.port !== 0 && admin.port === raw.COS_LISTEN_PORT && (admin.host === host || [admin.host, host].some(h => h === '0.0.0.0' || h === '::'))) {
+    throw new ConfigError('COS_ADMIN_PORT', `must differ from COS_LISTEN_PORT (${admin.port}): health and metrics never share the proxy port`)
+  }
+  if (routes.length === 0 && needs === 'all') {
     throw new ConfigError('COS_API_URL', 'or COS_MANAGEMENT_API_URL or COS_OPTIMIZE_API_URL is required: nothing to forward to')
   }
   return {
     listen: { host, port: raw.COS_LISTEN_PORT },
     routes,
     credentials: {
-      accessKey: credentialSource('COS_ACCESS_KEY', raw.COS_ACCESS_KEY_FILE, raw.COS_ACCESS_KEY),
-      secret: credentialSource('COS_ACCESS_KEY_SECRET', raw.COS_ACCESS_KEY_SECRET_FILE, raw.COS_ACCESS_KEY_SECRET),
+      accessKey: credentialSource('COS_ACCESS_KEY', raw.COS_ACCESS_KEY_FILE, raw.COS_ACCESS_KEY, needs),
+      secret: credentialSource('COS_ACCESS_KEY_SECRET', raw.COS_ACCESS_KEY_SECRET_FILE, raw.COS_ACCESS_KEY_SECRET, needs),
     },
     tokenEncoding: raw.COS_TOKEN_ENCODING as TokenEncoding,
     upstreamTimeoutMs: raw.COS_UPSTREAM_TIMEOUT_MS,
     connectTimeoutMs: raw.COS_CONNECT_TIMEOUT_MS,
     logLevel: raw.COS_LOG_LEVEL as LogLevel,
     mockHost: hostname('COS_MOCK_HOST', raw.COS_MOCK_HOST ?? '127.0.0.1'),
+    credentialsReloadMs: raw.COS_CREDENTIALS_RELOAD_MS,
+    admin,
+    shutdownDelayMs: raw.COS_SHUTDOWN_DELAY_MS,
+    shutdownTimeoutMs: raw.COS_SHUTDOWN_TIMEOUT_MS,
+    bodyIdleTimeoutMs: raw.COS_BODY_IDLE_TIMEOUT_MS,
+    tls: tlsFiles(raw.COS_CA_FILE, raw.COS_CLIENT_CERT_FILE, raw.COS_CLIENT_KEY_FILE),
   }
 }
 
-function hostname (name: 'COS_LISTEN_HOST' | 'COS_MOCK_HOST', host: string): string {
+function tlsFiles (caFile: string | undefined, clientCertFile: string | undefined, clientKeyFile: string | undefined): Config['tls'] {
+  if ((clientCertFile === undefined) !== (clientKeyFile === undefined)) {
+    const missing = clientCertFile === undefined ? 'COS_CLIENT_CERT_FILE' : 'COS_CLIENT_KEY_FILE'
+    throw new ConfigError(missing, 'is required when the other half of the client certificate is set')
+  }
+  return {
+    ...(caFile === undefined ? {} : { caFile }),
+    ...(clientCertFile === undefined ? {} : { clientCertFile }),
+    ...(clientKeyFile === undefined ? {} : { clientKeyFile }),
+  }
+}
+
+function hostname (name: 'COS_LISTEN_HOST' | 'COS_MOCK_HOST' | 'COS_ADMIN_HOST', host: string): string {
   if (isIP(host) === 0 && !/^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$/.test(host)) {
     throw new ConfigError(name, `${VARIABLES[name].expect} (got ${JSON.stringify(host)})`)
   }
@@ -231,12 +273,13 @@ function route (name: RouteName, urlVar: VariableName, url: string | undefined, 
   }
 }
 
-function credentialSource (name: 'COS_ACCESS_KEY' | 'COS_ACCESS_KEY_SECRET', file: string | undefined, literal: string | undefined): CredentialSource {
+function credentialSource (name: 'COS_ACCESS_KEY' | 'COS_ACCESS_KEY_SECRET', file: string | undefined, literal: string | undefined, needs: NonNullable<LoadOptions['needs']>): CredentialSource {
   if (file !== undefined && literal !== undefined) {
     throw new ConfigError(`${name}_FILE`, `and ${name} are both set; set only one`)
   }
   if (file !== undefined) return { file }
   if (literal !== undefined) return { value: new Secret(literal) }
+  if (needs === 'nothing') return {}
   throw new ConfigError(`${name}_FILE`, `(or ${name}) is required`)
 }
 

@@ -2,8 +2,10 @@
 // value and held behind a single reference, so a swap is atomic: a request
 // signs with the old pair or the new pair, never a mix.
 import type { KeyObject } from 'node:crypto'
+import { readFileSync } from 'node:fs'
 import { readFile } from 'node:fs/promises'
 import type { Config, CredentialSource } from './config.js'
+import type { Secret } from './secret.js'
 import { HeaderMinter, secretKey, type TokenEncoding } from './token.js'
 
 export type PairResult =
@@ -21,32 +23,46 @@ function accessKeyProblem (key: string): string | undefined {
   return undefined
 }
 
-async function readItem (name: string, source: CredentialSource): Promise<ItemResult> {
-  if (source.value !== undefined) {
-    const value = source.value.reveal().trim()
-    return value === '' ? { ok: false, variable: name, problem: 'is empty' } : { ok: true, value }
-  }
+function literalItem (name: string, secret: Secret): ItemResult {
+  const value = secret.reveal().trim()
+  return value === '' ? { ok: false, variable: name, problem: 'is empty' } : { ok: true, value }
+}
+
+type FileRead = { readonly text: string } | { readonly err: unknown }
+
+// Shared by the async and sync readers, which differ only in the read call.
+function fileItem (name: string, path: string, read: FileRead): ItemResult {
   const variable = `${name}_FILE`
-  const path = source.file ?? ''
-  let text: string
-  try {
-    text = await readFile(path, 'utf8')
-  } catch (err) {
+  if ('err' in read) {
     // The error code only: a message could quote file contents in odd cases.
-    const code = (err as NodeJS.ErrnoException).code ?? 'read error'
+    const code = (read.err as NodeJS.ErrnoException).code ?? 'read error'
     return { ok: false, variable, problem: `cannot read ${JSON.stringify(path)} (${code})` }
   }
-  const value = text.trim()
+  const value = read.text.trim()
   if (value === '') return { ok: false, variable, problem: `file ${JSON.stringify(path)} is empty` }
   return { ok: true, value }
 }
 
-/** Reads both items and builds a minter, or says which variable is wrong. Never echoes the secret. */
-export async function readPair (credentials: Config['credentials'], encoding: TokenEncoding): Promise<PairResult> {
-  const [key, secret] = await Promise.all([
-    readItem('COS_ACCESS_KEY', credentials.accessKey),
-    readItem('COS_ACCESS_KEY_SECRET', credentials.secret),
-  ])
+async function readItem (name: string, source: CredentialSource): Promise<ItemResult> {
+  if (source.value !== undefined) return literalItem(name, source.value)
+  const path = source.file ?? ''
+  const read = await readFile(path, 'utf8').then((text): FileRead => ({ text }), (err: unknown): FileRead => ({ err }))
+  return fileItem(name, path, read)
+}
+
+function readItemSync (name: string, source: CredentialSource): ItemResult {
+  if (source.value !== undefined) return literalItem(name, source.value)
+  const path = source.file ?? ''
+  let read: FileRead
+  try {
+    read = { text: readFileSync(path, 'utf8') }
+  } catch (err) {
+    read = { err }
+  }
+  return fileItem(name, path, read)
+}
+
+function toPair (credentials: Config['credentials'], encoding: TokenEncoding, key: ItemResult, secret: ItemResult): PairResult {
   if (!key.ok) return key
   if (!secret.ok) return secret
   const problem = accessKeyProblem(key.value)
@@ -55,6 +71,20 @@ export async function readPair (credentials: Config['credentials'], encoding: To
   }
   const hmacKey = secretKey(secret.value)
   return { ok: true, accessKey: key.value, key: hmacKey, minter: new HeaderMinter(key.value, hmacKey, encoding) }
+}
+
+/** Reads both items and builds a minter, or says which variable is wrong. Never echoes the secret. */
+export async function readPair (credentials: Config['credentials'], encoding: TokenEncoding): Promise<PairResult> {
+  const [key, secret] = await Promise.all([
+    readItem('COS_ACCESS_KEY', credentials.accessKey),
+    readItem('COS_ACCESS_KEY_SECRET', credentials.secret),
+  ])
+  return toPair(credentials, encoding, key, secret)
+}
+
+/** readPair for a caller that cannot wait (the upstream-401 path). Same checks, same results. */
+export function readPairSync (credentials: Config['credentials'], encoding: TokenEncoding): PairResult {
+  return toPair(credentials, encoding, readItemSync('COS_ACCESS_KEY', credentials.accessKey), readItemSync('COS_ACCESS_KEY_SECRET', credentials.secret))
 }
 
 /**

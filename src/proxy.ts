@@ -2,29 +2,42 @@
 // signed upstream request. One @fastify/http-proxy registration per route,
 // each over its own keep-alive undici Pool (shared by routes with one origin).
 import type { IncomingHttpHeaders } from 'node:http'
+import { performance } from 'node:perf_hooks'
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import httpProxy from '@fastify/http-proxy'
 import type { FastifyReplyFromHooks } from '@fastify/reply-from'
-import { Pool } from 'undici'
 import type { Route, RouteName } from './config.js'
 import type { CredentialStore } from './credentials.js'
 import { sendError } from './errors.js'
+import type { Upstreams } from './upstream.js'
 
 declare module 'fastify' {
   interface FastifyContextConfig {
     /** Bounded label for logs and metrics: never the raw path. */
     routeName?: RouteName
   }
+  interface FastifyRequest {
+    /** performance.now() when the request left for the upstream (decorated in server.ts). */
+    upstreamStart: number
+    /** ms from leaving to the upstream's response headers; -1 = never reached. */
+    upstreamMs: number
+  }
+}
+
+/** What the proxy reports; the metrics registry implements it (tests may pass nothing). */
+export interface ProxyObserver {
+  upstreamError: (route: RouteName, err: Error) => void
+  retried: (route: RouteName, reason: 'connect' | 'unauthorized') => void
+  tokenMinted: () => void
 }
 
 export interface ProxyOptions {
   readonly routes: readonly Route[]
   readonly credentials: CredentialStore
-  readonly connectTimeoutMs: number
-  /** Time to response headers. */
-  readonly upstreamTimeoutMs: number
-  /** Longest silence allowed while a body streams, either way. */
-  readonly bodyIdleTimeoutMs: number
+  readonly upstreams: Upstreams
+  /** Re-reads the credential files now; true when a different pair is in force afterwards. */
+  readonly resyncCredentials?: () => boolean
+  readonly observer?: ProxyObserver
 }
 
 // Hop-by-hop (RFC 9110 §7.6.1) plus the client's own credentials. `expect`
@@ -39,6 +52,22 @@ function connectionTokens (value: string | string[] | undefined): string[] {
   return (Array.isArray(value) ? value.join(',') : value).split(',').map(s => s.trim().toLowerCase()).filter(s => s !== '')
 }
 
+interface AttemptRequest { method: string, headers: IncomingHttpHeaders, body: unknown }
+interface AttemptResponse { statusCode: number, stream: { resume: () => void } }
+
+const RETRY_METHODS = new Set(['GET', 'HEAD', 'OPTIONS'])
+// Failures where the upstream cannot have acted on the request.
+const CONNECTION_FAILURES = new Set(['ECONNREFUSED', 'ECONNRESET', 'EPIPE', 'UND_ERR_SOCKET', 'UND_ERR_CLOSED'])
+
+function errorCode (err: Error): string {
+  return (err as { code?: string }).code ?? ''
+}
+
+function isBodyless (req: AttemptRequest): boolean {
+  const length = req.headers['content-length']
+  return (req.body === '' || req.body === undefined) && req.headers['transfer-encoding'] === undefined && (length === undefined || length === '0')
+}
+
 const TIMEOUT_CODES = new Set(['UND_ERR_CONNECT_TIMEOUT', 'UND_ERR_HEADERS_TIMEOUT', 'FST_REPLY_FROM_GATEWAY_TIMEOUT', 'FST_REPLY_FROM_TIMEOUT'])
 
 /** Maps a reply-from/undici failure to the proxy's contract: 504 for timeouts, 502 for the rest. */
@@ -49,23 +78,7 @@ export function upstreamErrorStatus (error: Error): 502 | 504 {
 }
 
 export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions): Promise<void> {
-  const { credentials } = opts
-  const pools = new Map<string, Pool>()
-  const poolFor = (origin: string): Pool => {
-    let pool = pools.get(origin)
-    if (pool === undefined) {
-      pool = new Pool(origin, {
-        connect: { timeout: opts.connectTimeoutMs },
-        headersTimeout: opts.upstreamTimeoutMs,
-        bodyTimeout: opts.bodyIdleTimeoutMs,
-      })
-      pools.set(origin, pool)
-    }
-    return pool
-  }
-  fastify.addHook('onClose', async () => {
-    await Promise.all([...pools.values()].map(p => p.close()))
-  })
+  const { credentials, upstreams, observer } = opts
 
   // Bodies are streamed, never parsed or buffered: drop Fastify's JSON and
   // text parsers; @fastify/http-proxy adds its pass-through parser for '*'.
@@ -77,11 +90,14 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
     for (const name of DROP_REQUEST) h[name] = undefined
     // preHandler guaranteed a pair; read it again so a swap in between is honoured.
     h.authorization = credentials.current?.next()
+    observer?.tokenMinted()
     h['x-request-id'] = request.id
+    request.upstreamStart = performance.now()
     return h
   }
 
-  const rewriteHeaders: NonNullable<FastifyReplyFromHooks['rewriteHeaders']> = (headers) => {
+  const rewriteHeaders: NonNullable<FastifyReplyFromHooks['rewriteHeaders']> = (headers, request) => {
+    if (request !== undefined) request.upstreamMs = performance.now() - request.upstreamStart
     const h = headers as IncomingHttpHeaders
     // Deleted, not set to undefined: reply-from copies every key it finds.
     // eslint-disable-next-line @typescript-eslint/no-dynamic-delete
@@ -92,6 +108,8 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
   }
 
   const onError: NonNullable<FastifyReplyFromHooks['onError']> = (reply, { error }) => {
+    const route = reply.request.routeOptions.config.routeName
+    if (route !== undefined) observer?.upstreamError(route, (error.cause as Error | undefined) ?? error)
     const status = upstreamErrorStatus(error)
     if (status === 504) sendError(reply, 504, 'upstream_timeout', 'the upstream did not answer in time')
     else sendError(reply, 502, 'upstream_unavailable', 'the upstream could not be reached')
@@ -106,6 +124,36 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
     done()
   }
 
+  /**
+   * reply-from calls this after every attempt with its internal request
+   * options (`req`) and response (`res`), whatever its typings say. One more
+   * attempt, with a freshly minted token, only when it is safe:
+   *  - the request has no body, its method is idempotent and the connection
+   *    failed before anything was answered (refused, reset, closed);
+   *  - the upstream answered 401 to a request without a body and re-reading
+   *    the credential files put a different pair in force (a rotation the
+   *    watcher had not seen yet).
+   * Timeouts and upstream 5xx are never retried.
+   */
+  const retryDelayFor = (route: RouteName): NonNullable<FastifyReplyFromHooks['retryDelay']> => ({ err, req, res, attempt }) => {
+    if (attempt > 0) return null
+    const attemptReq = req as unknown as AttemptRequest
+    if (!isBodyless(attemptReq)) return null
+    // eslint-disable-next-line @typescript-eslint/no-unnecessary-condition -- undefined on a response, whatever the typings say
+    if (err != null) {
+      if (!RETRY_METHODS.has(attemptReq.method) || !CONNECTION_FAILURES.has(errorCode(err))) return null
+      observer?.retried(route, 'connect')
+    } else {
+      const attemptRes = res as unknown as AttemptResponse | undefined
+      if (attemptRes?.statusCode !== 401 || opts.resyncCredentials?.() !== true) return null
+      attemptRes.stream.resume() // drain the 401 so its connection is reused
+      observer?.retried(route, 'unauthorized')
+    }
+    attemptReq.headers.authorization = credentials.current?.next()
+    observer?.tokenMinted()
+    return 1 // ms; 0 would read as "do not retry"
+  }
+
   for (const route of opts.routes) {
     await fastify.register(httpProxy, {
       upstream: route.origin,
@@ -113,7 +161,7 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
       // prefix, so its rewrite keeps the '/' that separates base and path.
       prefix: route.prefix === '' ? '/' : route.prefix,
       rewritePrefix: route.prefix === '' ? route.basePath + '/' : route.basePath === '' ? '/' : route.basePath,
-      undici: poolFor(route.origin),
+      undici: upstreams.dispatcherFor(route.origin),
       websocket: false,
       disableRequestLogging: true,
       // Responses pass through unchanged, Location included.
@@ -124,9 +172,9 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
         rewriteRequestHeaders,
         rewriteHeaders,
         onError,
-        // reply-from retries a GET that got 503 up to 10 times by default;
-        // the proxy returns the upstream's answer as it is.
-        retryDelay: () => null,
+        // Replaces reply-from's default, which retries a GET that got 503
+        // up to 10 times with the same token.
+        retryDelay: retryDelayFor(route.name),
       },
     })
   }

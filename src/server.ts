@@ -1,15 +1,21 @@
-// Wiring and lifecycle: config + credentials + logger → one Fastify server.
+// Wiring and lifecycle: config → credentials, upstreams, metrics, proxy and
+// admin listeners, and the drain on SIGTERM / SIGINT / POST /quitquitquit.
 import { randomUUID } from 'node:crypto'
 import type { IncomingMessage } from 'node:http'
 import type { AddressInfo } from 'node:net'
+import { performance } from 'node:perf_hooks'
+import { setTimeout as sleep } from 'node:timers/promises'
 import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance } from 'fastify'
 import type { Logger } from 'pino'
+import { buildAdminServer, type Readiness } from './admin.js'
 import type { Config } from './config.js'
+import { CredentialWatcher } from './credential-watcher.js'
 import { CredentialStore } from './credentials.js'
 import { sendError } from './errors.js'
-import { proxyPlugin } from './proxy.js'
-import { RequestLog } from './request-log.js'
-import type { HeaderMinter } from './token.js'
+import { ProxyMetrics, classifyUpstreamError } from './metrics.js'
+import { proxyPlugin, type ProxyObserver } from './proxy.js'
+import { RequestLog, type RequestObserver } from './request-log.js'
+import { Upstreams } from './upstream.js'
 
 // A client-chosen id is kept when it is a sane token; anything else (too
 // long, spaces, control bytes) is replaced, so logs cannot be forged with it.
@@ -34,19 +40,37 @@ export interface ProxyServerOptions {
   readonly config: Config
   readonly credentials: CredentialStore
   readonly logger: FastifyBaseLogger
-  /** Defaults to 60 s; issue-level setting COS_BODY_IDLE_TIMEOUT_MS comes later. */
-  readonly bodyIdleTimeoutMs?: number
+  /** Built from config (and closed with the server) when not given. */
+  readonly upstreams?: Upstreams
+  readonly observer?: ProxyObserver & RequestObserver
+  readonly resyncCredentials?: () => boolean
+}
+
+export function upstreamsFor (config: Config, logger: FastifyBaseLogger): Upstreams {
+  return new Upstreams({
+    connectTimeoutMs: config.connectTimeoutMs,
+    headersTimeoutMs: config.upstreamTimeoutMs,
+    bodyIdleTimeoutMs: config.bodyIdleTimeoutMs,
+    tls: config.tls,
+    logger,
+  })
 }
 
 export async function buildProxyServer (opts: ProxyServerOptions): Promise<FastifyInstance> {
   const { config } = opts
   const app = Fastify({
     loggerInstance: opts.logger,
-    logController: new RequestLog(),
+    logController: new RequestLog(opts.observer),
     requestIdHeader: false,
     genReqId: requestId,
     return503OnClosing: true,
   })
+  // Declared up front so every request object has the same shape.
+  app.decorateRequest('upstreamStart', 0)
+  app.decorateRequest('upstreamMs', -1)
+
+  const upstreams = opts.upstreams ?? upstreamsFor(config, opts.logger)
+  app.addHook('onClose', async () => { await upstreams.close() })
 
   app.addHook('onRequest', (request, reply, done) => {
     reply.header('x-request-id', request.id)
@@ -71,55 +95,131 @@ export async function buildProxyServer (opts: ProxyServerOptions): Promise<Fasti
   await app.register(proxyPlugin, {
     routes: config.routes,
     credentials: opts.credentials,
-    connectTimeoutMs: config.connectTimeoutMs,
-    upstreamTimeoutMs: config.upstreamTimeoutMs,
-    bodyIdleTimeoutMs: opts.bodyIdleTimeoutMs ?? 60_000,
+    upstreams,
+    ...(opts.observer === undefined ? {} : { observer: opts.observer }),
+    ...(opts.resyncCredentials === undefined ? {} : { resyncCredentials: opts.resyncCredentials }),
   })
   return app
 }
 
 export interface ServeOptions {
   readonly config: Config
-  readonly minter: HeaderMinter
   readonly logger: Logger
   readonly onListening?: (address: AddressInfo) => void
-  /** Runs after the proxy has closed, before the process exits. */
+  /** Runs after the proxy has drained, before the process exits. */
   readonly onClose?: () => Promise<void>
 }
 
 /**
- * Runs the proxy until SIGTERM or SIGINT: then stops accepting, lets
- * in-flight requests finish, closes idle keep-alive connections and exits 0.
- * A second signal exits at once.
+ * Runs the sidecar until SIGTERM, SIGINT or POST /quitquitquit, then drains:
+ * readiness turns 503 at once; after COS_SHUTDOWN_DELAY_MS the listener stops
+ * accepting and idle keep-alive connections are closed; requests in flight
+ * (streams included) get up to COS_SHUTDOWN_TIMEOUT_MS, then the rest are cut;
+ * exit 0. A second signal exits at once.
  */
-export async function serve (opts: ServeOptions): Promise<FastifyInstance> {
+export async function serve (opts: ServeOptions): Promise<void> {
   const { config, logger } = opts
-  const credentials = new CredentialStore(opts.minter)
-  const app = await buildProxyServer({ config, credentials, logger })
+  // First, as it reads the TLS files: a config error must come before anything starts.
+  const upstreams = upstreamsFor(config, logger)
+  const metrics = new ProxyMetrics()
+  const store = new CredentialStore()
+  const watcher = new CredentialWatcher({
+    credentials: config.credentials,
+    encoding: config.tokenEncoding,
+    store,
+    reloadMs: config.credentialsReloadMs,
+    logger,
+    onOutcome: o => metrics.credentialReload(o.result),
+  })
+  await watcher.start()
+
+  upstreams.watch(config.credentialsReloadMs)
+  const observer: ProxyObserver & RequestObserver = {
+    requestStarted: () => metrics.requestStarted(),
+    requestFinished: (route, method, status, total, upstream) => metrics.requestFinished(route, method, status, total, upstream),
+    upstreamError: (route, err) => metrics.upstreamError(route, classifyUpstreamError(err)),
+    retried: (route, reason) => metrics.retried(route, reason),
+    tokenMinted: () => metrics.tokenMinted(),
+  }
+  // The 401 path re-reads the files synchronously; an upstream that rejects
+  // every request must not turn that into a read per request.
+  let lastResync = 0
+  const resyncCredentials = (): boolean => {
+    const now = performance.now()
+    if (now - lastResync < 250) return false
+    lastResync = now
+    return watcher.reloadSync().result === 'applied'
+  }
+  const app = await buildProxyServer({
+    config,
+    credentials: store,
+    logger,
+    upstreams,
+    observer,
+    resyncCredentials,
+  })
+
+  let listening = false
+  let draining = false
+  const readiness = (): Readiness => {
+    if (draining) return { ready: false, reason: 'draining' }
+    if (!listening) return { ready: false, reason: 'proxy listener not started' }
+    if (store.current === undefined) return { ready: false, reason: 'credentials not loaded' }
+    return { ready: true }
+  }
+
+  const drain = async (cause: string): Promise<void> => {
+    draining = true
+    logger.info({ cause, delayMs: config.shutdownDelayMs, timeoutMs: config.shutdownTimeoutMs }, 'draining: readiness is now 503')
+    if (config.shutdownDelayMs > 0) await sleep(config.shutdownDelayMs)
+    const cut = setTimeout(() => {
+      logger.warn('shutdown timeout reached: cutting the requests still in flight')
+      app.server.closeAllConnections()
+    }, config.shutdownTimeoutMs)
+    // server.close() closes the connections idle at that moment only; a
+    // keep-alive connection whose last request finishes during the drain
+    // would otherwise hold the exit until the timeout.
+    const reap = setInterval(() => app.server.closeIdleConnections(), 50)
+    await app.close() // stops accepting, then waits for the requests in flight
+    clearTimeout(cut)
+    clearInterval(reap)
+    watcher.close()
+    await admin.close()
+    await opts.onClose?.()
+    logger.info('stopped')
+  }
+
+  let stopping: Promise<void> | undefined
+  const stop = (cause: string): void => {
+    if (stopping !== undefined) {
+      if (cause !== 'quitquitquit') {
+        logger.warn({ signal: cause }, 'second signal: exiting without finishing the drain')
+        logger.flush()
+        process.exit(1)
+      }
+      return
+    }
+    stopping = drain(cause).then(
+      () => { logger.flush(); process.exit(0) },
+      (err: unknown) => { logger.error({ err }, 'shutdown failed'); logger.flush(); process.exit(1) })
+  }
+
+  const admin = buildAdminServer({ metrics, readiness, onQuit: () => stop('quitquitquit'), logger })
+  await admin.listen({ host: config.admin.host, port: config.admin.port })
   await app.listen({ host: config.listen.host, port: config.listen.port })
+  listening = true
+
+  process.on('SIGTERM', () => stop('SIGTERM'))
+  process.on('SIGINT', () => stop('SIGINT'))
+
   const address = app.server.address() as AddressInfo
+  const adminAddress = admin.server.address() as AddressInfo
   logger.info({
     address: address.address,
     port: address.port,
-    accessKey: opts.minter.accessKey,
+    admin: { address: adminAddress.address, port: adminAddress.port },
+    accessKey: store.current?.accessKey ?? null,
     routes: config.routes.map(r => ({ name: r.name, prefix: r.prefix === '' ? '/' : r.prefix, upstream: r.url })),
   }, 'cos-auth-proxy listening')
   opts.onListening?.(address)
-
-  let stopping = false
-  const stop = (signal: NodeJS.Signals): void => {
-    if (stopping) {
-      logger.warn({ signal }, 'second signal: exiting now')
-      process.exit(0)
-    }
-    stopping = true
-    logger.info({ signal }, 'draining')
-    app.close()
-      .then(async () => { await opts.onClose?.() })
-      .then(() => { logger.info('stopped'); logger.flush(); process.exit(0) },
-        (err: unknown) => { logger.error({ err }, 'shutdown failed'); logger.flush(); process.exit(1) })
-  }
-  process.on('SIGTERM', stop)
-  process.on('SIGINT', stop)
-  return app
 }

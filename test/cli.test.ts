@@ -15,7 +15,8 @@ t.teardown(() => rmSync(CWD, { recursive: true, force: true }))
 const CREDS = { COS_ACCESS_KEY: ACCESS_KEY, COS_ACCESS_KEY_SECRET: SECRET }
 
 function childEnv (env: Record<string, string>): NodeJS.ProcessEnv {
-  return { PATH: process.env.PATH, ...env }
+  // Ephemeral admin port: test files run in parallel.
+  return { PATH: process.env.PATH, COS_ADMIN_PORT: '0', ...env }
 }
 
 interface Result { code: number | null, stdout: string, stderr: string }
@@ -122,7 +123,8 @@ t.test('a bad config exits 78 with one line naming the variable', async t => {
     [['serve'], { ...CREDS, COS_API_URL: 'http://127.0.0.1:1', COS_LISTEN_PORT: 'eighty' }, /COS_LISTEN_PORT/],
     [['serve'], CREDS, /COS_API_URL/],
     [[], { COS_API_URL: 'http://127.0.0.1:1', COS_ACCESS_KEY: ACCESS_KEY }, /COS_ACCESS_KEY_SECRET_FILE/],
-    [['serve'], { COS_API_URL: 'http://127.0.0.1:1', COS_ACCESS_KEY: ACCESS_KEY, COS_ACCESS_KEY_SECRET_FILE: '/nonexistent/secret' }, /COS_ACCESS_KEY_SECRET_FILE cannot read/],
+    [['token'], { COS_ACCESS_KEY: ACCESS_KEY, COS_ACCESS_KEY_SECRET_FILE: '/nonexistent/secret' }, /COS_ACCESS_KEY_SECRET_FILE cannot read/],
+    [['serve'], { ...CREDS, COS_API_URL: 'http://127.0.0.1:1', COS_CA_FILE: '/nonexistent/ca.pem' }, /COS_CA_FILE cannot read/],
     [['config'], { ...CREDS, COS_API_URL: 'http://127.0.0.1:1', COS_TOKEN_ENCODING: 'hex' }, /COS_TOKEN_ENCODING/],
     [['token'], { COS_ACCESS_KEY_SECRET: SECRET }, /COS_ACCESS_KEY_FILE/],
   ]

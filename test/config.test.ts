@@ -10,7 +10,7 @@ import { verifyToken } from '../src/token.js'
 
 const SECRET = 'config-SeCrEt-marker'
 const base = { COS_API_URL: 'https://api.example.com', COS_ACCESS_KEY: 'ak', COS_ACCESS_KEY_SECRET: SECRET }
-const load = (env: Record<string, string>, extra: { credentialsOnly?: boolean } = {}) => loadConfig({ env, dotenv: false, ...extra })
+const load = (env: Record<string, string>, extra: { needs?: 'all' | 'credentials' | 'nothing' } = {}) => loadConfig({ env, dotenv: false, ...extra })
 
 function errorOf (env: Record<string, string>): ConfigError {
   try {
@@ -95,9 +95,12 @@ t.test('empty values count as unset', async t => {
   t.same(c.routes.map(r => r.name), ['api'])
 })
 
-t.test('credentialsOnly needs no upstream', async t => {
-  const c = load({ COS_ACCESS_KEY: 'ak', COS_ACCESS_KEY_SECRET: SECRET }, { credentialsOnly: true })
+t.test('commands that need less: credentials without upstream, or nothing at all', async t => {
+  const c = load({ COS_ACCESS_KEY: 'ak', COS_ACCESS_KEY_SECRET: SECRET }, { needs: 'credentials' })
   t.same(c.routes, [])
+  t.throws(() => load({ COS_ACCESS_KEY: 'ak' }, { needs: 'credentials' }), /COS_ACCESS_KEY_SECRET_FILE/)
+  const bare = load({ COS_ADMIN_PORT: '9191' }, { needs: 'nothing' })
+  t.equal(bare.admin.port, 9191)
 })
 
 t.test('.env in the working directory is read and the real environment wins', async t => {

@@ -1,0 +1,111 @@
+// The admin listener: probes, metrics and the drain trigger. A Fastify
+// instance of its own, so it never shares the proxy's port, hooks or logs.
+import Fastify, { LogController, type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify'
+import { sendError } from './errors.js'
+import type { ProxyMetrics } from './metrics.js'
+
+export type Readiness = { readonly ready: true } | { readonly ready: false, readonly reason: string }
+
+export interface AdminOptions {
+  readonly metrics: ProxyMetrics
+  /** Asked on every GET /readyz. */
+  readonly readiness: () => Readiness
+  /** Called once, on the first POST /quitquitquit; later posts answer 202 without calling it again. */
+  readonly onQuit: () => void
+  /** Admin requests are logged at debug only; false or absent: not at all. */
+  readonly logger?: FastifyBaseLogger | false
+}
+
+// Path → methods it answers, for 405 + Allow on the others (Fastify itself 404s them).
+const ALLOW: ReadonlyMap<string, string> = new Map([
+  ['/healthz', 'GET, HEAD'],
+  ['/readyz', 'GET, HEAD'],
+  ['/metrics', 'GET, HEAD'],
+  ['/quitquitquit', 'POST'],
+])
+
+/** The kubelet probes every few seconds: one debug line per request, nothing at info. */
+class AdminLog extends LogController {
+  override incomingRequest (): void { /* the completion line is enough */ }
+
+  override requestCompleted (error: Error | null | undefined, request: FastifyRequest, reply: FastifyReply): void {
+    const line = {
+      method: request.method,
+      // The route pattern, never the raw path: a 404 path is client text.
+      route: request.routeOptions.url ?? 'none',
+      status: reply.statusCode,
+      durationMs: Math.round(reply.elapsedTime * 100) / 100,
+    }
+    if (error) request.log.warn({ ...line, err: error }, 'admin request')
+    else request.log.debug(line, 'admin request')
+  }
+}
+
+/** Routes registered, not listening: the caller listens (and closes it last, so /healthz answers through the drain). */
+export function buildAdminServer (opts: AdminOptions): FastifyInstance {
+  const { metrics } = opts
+  const app = Fastify({
+    // No loggerInstance: Fastify's logger stays off.
+    loggerInstance: opts.logger === false ? undefined : opts.logger,
+    logController: new AdminLog(),
+    bodyLimit: 1024,
+  })
+
+  // `curl -d ''` and `wget --post-data` send a form content type to
+  // /quitquitquit; any small body is accepted and ignored.
+  app.removeAllContentTypeParsers()
+  app.addContentTypeParser('*', { parseAs: 'buffer' }, (_request, _body, done) => { done(null) })
+
+  app.setNotFoundHandler((request, reply) => {
+    const path = request.url.split('?', 1)[0] ?? ''
+    const allow = ALLOW.get(path)
+    if (allow === undefined) {
+      sendError(reply, 404, 'route_not_found', `no route for ${request.method} on this path`)
+      return
+    }
+    reply.header('allow', allow)
+    sendError(reply, 405, 'method_not_allowed', `${path} answers ${allow} only`)
+  })
+
+  app.setErrorHandler((error: FastifyError, request, reply) => {
+    const status = error.statusCode ?? 500
+    if (status >= 400 && status < 500) {
+      sendError(reply, status, status === 413 ? 'payload_too_large' : 'bad_request', error.message)
+      return
+    }
+    request.log.error({ err: error }, 'admin request failed')
+    sendError(reply, 500, 'internal_error', 'the admin endpoint failed')
+  })
+
+  // Liveness only: the event loop ran this handler. Stays 200 while draining,
+  // so the kubelet does not restart a pod that is shutting down cleanly.
+  app.get('/healthz', (_request, reply) => {
+    void reply.send({ status: 'ok' })
+  })
+
+  app.get('/readyz', (_request, reply) => {
+    const r = opts.readiness()
+    if (r.ready) void reply.send({ status: 'ready' })
+    else void reply.code(503).send({ status: 'not_ready', reason: r.reason })
+  })
+
+  app.get('/metrics', async (_request, reply) => {
+    const text = await metrics.text()
+    return reply.type(metrics.contentType).send(text)
+  })
+
+  let quitting = false
+  app.post('/quitquitquit', (request, reply) => {
+    void reply.code(202).send({ status: 'draining' })
+    if (quitting) return
+    quitting = true
+    // After the reply: the drain may close this server, and the caller wants its 202.
+    try {
+      opts.onQuit()
+    } catch (err) {
+      request.log.error({ err }, 'quitquitquit: starting the drain failed')
+    }
+  })
+
+  return app
+}

@@ -1,0 +1,315 @@
+// Prometheus metrics. The proxy's hot path only bumps plain numbers in cells
+// allocated up front; prom-client sees them at scrape time through `collect`.
+// (A prom-client child from `.labels()` still builds a label-hash string and
+// validates the labels on every inc/observe: ~1 µs per request for the
+// updates below, against ~40 ns for the cells; see the note on ProxyMetrics.)
+import { collectDefaultMetrics, Counter, Gauge, Registry, type Histogram } from 'prom-client'
+import type { RouteName } from './config.js'
+
+export type UpstreamErrorKind = 'refused' | 'reset' | 'timeout' | 'tls' | 'dns' | 'other'
+export type ReloadResult = 'applied' | 'unchanged' | 'rejected'
+export type RetryReason = 'connect' | 'unauthorized'
+
+const PREFIX = 'cos_auth_proxy_'
+
+/** Seconds. The proxy adds well under a millisecond; the APIs answer in ms to seconds; 30 s is the default upstream timeout. */
+export const LATENCY_BUCKETS: readonly number[] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30]
+
+// Every label value is from one of these fixed lists, so the number of series
+// is bounded whatever clients send.
+const ROUTES = ['management', 'optimize', 'api', 'none'] as const
+type RouteLabel = typeof ROUTES[number]
+// Fails to compile if config.ts gains a route name this list lacks.
+const _everyRouteLabelled: Exclude<RouteName, RouteLabel> extends never ? true : never = true
+const METHODS = ['GET', 'HEAD', 'POST', 'PUT', 'DELETE', 'CONNECT', 'OPTIONS', 'TRACE', 'PATCH'] as const
+const STATUS_CLASSES = ['1xx', '2xx', '3xx', '4xx', '5xx'] as const
+const ERROR_KINDS: readonly UpstreamErrorKind[] = ['refused', 'reset', 'timeout', 'tls', 'dns', 'other']
+const RETRY_REASONS: readonly RetryReason[] = ['connect', 'unauthorized']
+const RELOAD_RESULTS: readonly ReloadResult[] = ['applied', 'unchanged', 'rejected']
+
+/** 1xx..5xx → 0..4. Node lets a status up to 999 through; anything past 5xx counts as 5xx so the label set stays closed. */
+function statusClassIndex (status: number): number {
+  const i = Math.trunc(status / 100) - 1
+  return i >= 0 && i < 4 ? i : 4
+}
+
+/** Bucket counts (not cumulative; the last slot is +Inf), sum and count of one histogram series. */
+class HistogramCell {
+  readonly counts = new Float64Array(LATENCY_BUCKETS.length + 1)
+  sum = 0
+  count = 0
+
+  observe (seconds: number): void {
+    // A NaN or infinite value would poison the sum forever.
+    if (!Number.isFinite(seconds)) return
+    let i = 0
+    while (i < LATENCY_BUCKETS.length && seconds > (LATENCY_BUCKETS[i] as number)) i++
+    this.counts[i] = (this.counts[i] as number) + 1
+    this.sum += seconds
+    this.count++
+  }
+}
+
+/** Everything counted per route, allocated once. */
+class RouteCells {
+  /** method → request count per status class; a method not listed counts under `other`. */
+  readonly requests = new Map<string, Float64Array>(METHODS.map(m => [m, new Float64Array(STATUS_CLASSES.length)]))
+  readonly other = new Float64Array(STATUS_CLASSES.length)
+  readonly total = new HistogramCell()
+  readonly upstream = new HistogramCell()
+  readonly errors: Record<UpstreamErrorKind, number> = { refused: 0, reset: 0, timeout: 0, tls: 0, dns: 0, other: 0 }
+  readonly retries: Record<RetryReason, number> = { connect: 0, unauthorized: 0 }
+  constructor (readonly route: RouteLabel) {}
+}
+
+/** Process-wide numbers; one object so the scrape-time `collect` closures can read them. */
+interface Scalars {
+  inFlight: number
+  tokensMinted: number
+  /** Unix seconds of the last good read of the key pair; 0 = none yet. */
+  lastGoodReload: number
+  readonly reloads: Record<ReloadResult, number>
+}
+
+/**
+ * The proxy's metrics, in a Registry of their own (never prom-client's global
+ * one, so tests and embedders can make as many as they like).
+ *
+ * Cost on the hot path (1e6-call loop, Node 20, 2-vCPU AMD EPYC):
+ * requestFinished with both durations ≈ 40-50 ns/op; requestStarted +
+ * tokenMinted + requestFinished ≈ 40-50 ns per request; tokenMinted ≈ 4 ns.
+ * Nothing is allocated per call. The same updates through cached prom-client
+ * children cost ≈ 1,000-1,200 ns per request.
+ *
+ * Route names outside management/optimize/api count as `none`; methods outside
+ * the standard nine (case-sensitive, as HTTP methods are) count as `OTHER`.
+ * Call requestFinished exactly once for every requestStarted, or in-flight drifts.
+ */
+export class ProxyMetrics {
+  readonly registry: Registry
+  readonly contentType: string
+  private readonly routes: ReadonlyMap<string, RouteCells>
+  private readonly none: RouteCells
+  private readonly n: Scalars = { inFlight: 0, tokensMinted: 0, lastGoodReload: 0, reloads: { applied: 0, unchanged: 0, rejected: 0 } }
+
+  constructor (opts: { readonly defaultMetrics?: boolean } = {}) {
+    this.registry = new Registry()
+    this.contentType = this.registry.contentType
+    const cells = ROUTES.map(r => new RouteCells(r))
+    this.routes = new Map(cells.map(c => [c.route, c]))
+    this.none = this.routes.get('none') as RouteCells
+    registerExporters(this.registry, cells, this.n)
+    if (opts.defaultMetrics ?? true) collectDefaultMetrics({ register: this.registry })
+  }
+
+  requestStarted (): void {
+    this.n.inFlight++
+  }
+
+  /** `upstreamSeconds`: from sending upstream to the upstream's response headers; undefined when no upstream answered (404, 503, errors). */
+  requestFinished (route: string, method: string, status: number, totalSeconds: number, upstreamSeconds: number | undefined): void {
+    this.n.inFlight--
+    const r = this.routes.get(route) ?? this.none
+    const byClass = r.requests.get(method) ?? r.other
+    const i = statusClassIndex(status)
+    byClass[i] = (byClass[i] as number) + 1
+    r.total.observe(totalSeconds)
+    if (upstreamSeconds !== undefined) r.upstream.observe(upstreamSeconds)
+  }
+
+  upstreamError (route: string, kind: UpstreamErrorKind): void {
+    (this.routes.get(route) ?? this.none).errors[kind]++
+  }
+
+  retried (route: string, reason: RetryReason): void {
+    (this.routes.get(route) ?? this.none).retries[reason]++
+  }
+
+  tokenMinted (): void {
+    this.n.tokensMinted++
+  }
+
+  /**
+   * Count one read of the key pair (the initial load included). Both
+   * 'applied' and 'unchanged' are good reads and move the last-reload time:
+   * the gauge answers "when were the credentials last known good on disk", so
+   * an alert on its age fires when reads fail, not when nobody rotated the key.
+   */
+  credentialReload (result: ReloadResult): void {
+    this.n.reloads[result]++
+    if (result !== 'rejected') this.n.lastGoodReload = Date.now() / 1000
+  }
+
+  text (): Promise<string> {
+    return this.registry.metrics()
+  }
+}
+
+/**
+ * Registers one prom-client metric per name. Each `collect` copies the cells
+ * into prom-client when scraped; it runs synchronously, so a scrape sees one
+ * consistent snapshot per metric. Series with nothing counted yet are left out
+ * (except the small fixed sets a dashboard wants to see at 0).
+ */
+function registerExporters (registry: Registry, cells: readonly RouteCells[], n: Scalars): void {
+  const registers = [registry]
+  new Counter({
+    name: `${PREFIX}requests_total`,
+    help: 'Requests answered, by route name, method and status class.',
+    labelNames: ['route', 'method', 'status_class'] as const,
+    registers,
+    collect () {
+      this.reset()
+      for (const c of cells) {
+        for (const [method, byClass] of [...c.requests, ['OTHER', c.other] as const]) {
+          byClass.forEach((count, i) => {
+            if (count > 0) this.inc({ route: c.route, method, status_class: STATUS_CLASSES[i] }, count)
+          })
+        }
+      }
+    },
+  })
+  registerHistogram(registry, `${PREFIX}request_duration_seconds`, 'Time from request received to response finished, by route name.', cells, c => c.total)
+  registerHistogram(registry, `${PREFIX}upstream_duration_seconds`, 'Time from sending the request upstream to the upstream\'s response headers, by route name.', cells, c => c.upstream)
+  new Counter({
+    name: `${PREFIX}upstream_errors_total`,
+    help: 'Upstream requests that failed without a response, by route name and kind.',
+    labelNames: ['route', 'kind'] as const,
+    registers,
+    collect () {
+      this.reset()
+      for (const c of cells) for (const kind of ERROR_KINDS) if (c.errors[kind] > 0) this.inc({ route: c.route, kind }, c.errors[kind])
+    },
+  })
+  new Counter({
+    name: `${PREFIX}upstream_retries_total`,
+    help: 'Upstream requests sent again, by route name and reason.',
+    labelNames: ['route', 'reason'] as const,
+    registers,
+    collect () {
+      this.reset()
+      for (const c of cells) for (const reason of RETRY_REASONS) if (c.retries[reason] > 0) this.inc({ route: c.route, reason }, c.retries[reason])
+    },
+  })
+  new Counter({
+    name: `${PREFIX}tokens_minted_total`,
+    help: 'Bearer tokens signed.',
+    registers,
+    collect () { this.reset(); this.inc(n.tokensMinted) },
+  })
+  new Counter({
+    name: `${PREFIX}credential_reloads_total`,
+    help: 'Reads of the access key pair, by result: applied (new pair in use), unchanged, rejected (invalid; the previous pair stays).',
+    labelNames: ['result'] as const,
+    registers,
+    collect () {
+      this.reset()
+      for (const result of RELOAD_RESULTS) this.inc({ result }, n.reloads[result])
+    },
+  })
+  new Gauge({
+    name: `${PREFIX}credential_last_reload_timestamp_seconds`,
+    help: 'Unix time of the last good read of the access key pair (applied or unchanged); 0 before the first.',
+    registers,
+    collect () { this.set(n.lastGoodReload) },
+  })
+  new Gauge({
+    name: `${PREFIX}in_flight_requests`,
+    help: 'Requests received and not yet answered.',
+    registers,
+    collect () { this.set(n.inFlight) },
+  })
+}
+
+type Sample = { readonly metricName: string, readonly labels: Readonly<Record<string, string | number>>, readonly value: number }
+
+/**
+ * prom-client's Histogram has no way to load bucket counts kept elsewhere, so
+ * the two histograms are registered as plain metric objects with the `get()`
+ * shape the Registry reads (the same one prom-client's own Histogram returns).
+ */
+function registerHistogram (registry: Registry, name: string, help: string, cells: readonly RouteCells[], pick: (c: RouteCells) => HistogramCell): void {
+  const metric = {
+    name,
+    help,
+    type: 'histogram',
+    aggregator: 'sum',
+    // The state lives in the cells; Registry.resetMetrics() leaves it alone.
+    reset (): void { /* nothing to reset here */ },
+    get (): Promise<{ name: string, help: string, type: string, aggregator: string, values: Sample[] }> {
+      const values: Sample[] = []
+      for (const c of cells) {
+        const h = pick(c)
+        if (h.count === 0) continue
+        let cumulative = 0
+        LATENCY_BUCKETS.forEach((le, i) => {
+          cumulative += h.counts[i] as number
+          values.push({ metricName: `${name}_bucket`, labels: { route: c.route, le }, value: cumulative })
+        })
+        values.push(
+          { metricName: `${name}_bucket`, labels: { route: c.route, le: '+Inf' }, value: h.count },
+          { metricName: `${name}_sum`, labels: { route: c.route }, value: h.sum },
+          { metricName: `${name}_count`, labels: { route: c.route }, value: h.count },
+        )
+      }
+      return Promise.resolve({ name, help, type: 'histogram', aggregator: 'sum', values })
+    },
+  }
+  // registerMetric is typed for prom-client's own classes only; the Registry
+  // itself reads name, get() and reset() (lib/registry.js).
+  registry.registerMetric(metric as unknown as Histogram)
+}
+
+// ── upstream error classification ────────────────────────────────────────────
+
+const CODE_KINDS: ReadonlyMap<string, UpstreamErrorKind> = new Map<string, UpstreamErrorKind>([
+  ['ECONNREFUSED', 'refused'],
+  ['ECONNRESET', 'reset'],
+  ['EPIPE', 'reset'],
+  ['ECONNABORTED', 'reset'],
+  ['UND_ERR_SOCKET', 'reset'],
+  ['UND_ERR_CLOSED', 'reset'],
+  ['ETIMEDOUT', 'timeout'],
+  ['UND_ERR_CONNECT_TIMEOUT', 'timeout'],
+  ['UND_ERR_HEADERS_TIMEOUT', 'timeout'],
+  ['UND_ERR_BODY_TIMEOUT', 'timeout'],
+  ['FST_REPLY_FROM_GATEWAY_TIMEOUT', 'timeout'],
+  ['FST_REPLY_FROM_TIMEOUT', 'timeout'],
+  ['FST_REPLY_FROM_HTTP_REQUEST_TIMEOUT', 'timeout'],
+  ['ENOTFOUND', 'dns'],
+  ['EAI_AGAIN', 'dns'],
+  ['EAI_FAIL', 'dns'],
+  ['EAI_NONAME', 'dns'],
+  // OpenSSL's certificate-verification codes that have no common prefix below.
+  ['DEPTH_ZERO_SELF_SIGNED_CERT', 'tls'],
+  ['SELF_SIGNED_CERT_IN_CHAIN', 'tls'],
+  ['HOSTNAME_MISMATCH', 'tls'],
+  ['INVALID_CA', 'tls'],
+  ['INVALID_PURPOSE', 'tls'],
+  ['PATH_LENGTH_EXCEEDED', 'tls'],
+  // Handshake failures (e.g. TLS to a plain-HTTP port) surface as EPROTO.
+  ['EPROTO', 'tls'],
+])
+const TLS_PREFIXES = ['ERR_TLS_', 'ERR_SSL_', 'CERT_', 'CRL_', 'UNABLE_TO_', 'ERROR_IN_CERT_', 'ERROR_IN_CRL_']
+
+function kindOfCode (code: unknown): UpstreamErrorKind | undefined {
+  if (typeof code !== 'string') return undefined
+  return CODE_KINDS.get(code) ?? (TLS_PREFIXES.some(p => code.startsWith(p)) ? 'tls' : undefined)
+}
+
+/**
+ * Classify an error from undici or @fastify/reply-from. reply-from wraps the
+ * undici error (e.g. FST_REPLY_FROM_INTERNAL_SERVER_ERROR with the
+ * ECONNREFUSED as its cause), so the cause chain is walked outside in and the
+ * first code that means something wins; an AggregateError (happy eyeballs
+ * over several addresses) is read through its first error.
+ */
+export function classifyUpstreamError (err: Error): UpstreamErrorKind {
+  let e: unknown = err
+  for (let depth = 0; depth < 5 && e instanceof Error; depth++) {
+    const kind = kindOfCode((e as { code?: unknown }).code)
+    if (kind !== undefined) return kind
+    e = e instanceof AggregateError && e.cause === undefined ? (e.errors as unknown[])[0] : e.cause
+  }
+  return 'other'
+}

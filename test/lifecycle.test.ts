@@ -1,0 +1,193 @@
+// The sidecar's life as Kubernetes drives it, against the built CLI in a child
+// process: probes, a Secret mounted late, drain on SIGTERM, /quitquitquit, wait.
+import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process'
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
+import { Agent, request as httpRequest } from 'node:http'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { fileURLToPath } from 'node:url'
+import t from 'tap'
+import { json, send, startUpstream, type SimpleResponse } from './helpers.js'
+
+const CLI = fileURLToPath(new URL('../dist/cli.js', import.meta.url))
+const CWD = mkdtempSync(join(tmpdir(), 'cos-life-'))
+t.teardown(() => rmSync(CWD, { recursive: true, force: true }))
+
+interface Sidecar {
+  readonly child: ChildProcessWithoutNullStreams
+  readonly proxy: string
+  readonly admin: string
+  readonly exited: Promise<{ code: number | null, ms: number }>
+  lines: () => Record<string, unknown>[]
+  signal: (s: NodeJS.Signals) => number
+}
+
+async function startSidecar (env: Record<string, string>): Promise<Sidecar> {
+  const child = spawn(process.execPath, [CLI, 'serve'], {
+    cwd: CWD,
+    env: { PATH: process.env.PATH, COS_LISTEN_PORT: '0', COS_ADMIN_PORT: '0', ...env },
+  })
+  let out = ''
+  let err = ''
+  let signalledAt = 0
+  child.stderr.on('data', (d: Buffer) => { err += d.toString() })
+  const exited = new Promise<{ code: number | null, ms: number }>(resolve => child.on('close', code => resolve({ code, ms: Date.now() - signalledAt })))
+  const listening = await new Promise<Record<string, unknown>>((resolve, reject) => {
+    const timer = setTimeout(() => { child.kill('SIGKILL'); reject(new Error(`no listening line: ${out}${err}`)) }, 10_000)
+    child.stdout.on('data', (d: Buffer) => {
+      out += d.toString()
+      const line = out.split('\n').find(l => l.includes('"cos-auth-proxy listening"'))
+      if (line !== undefined) { clearTimeout(timer); resolve(JSON.parse(line) as Record<string, unknown>) }
+    })
+    void exited.then(({ code }) => { clearTimeout(timer); reject(new Error(`exited ${code}: ${out}${err}`)) })
+  })
+  const admin = listening.admin as { port: number }
+  return {
+    child,
+    proxy: `http://127.0.0.1:${listening.port as number}`,
+    admin: `http://127.0.0.1:${admin.port}`,
+    exited,
+    lines: () => out.split('\n').filter(l => l !== '').map(l => JSON.parse(l) as Record<string, unknown>),
+    signal: (s) => { signalledAt = Date.now(); child.kill(s); return signalledAt },
+  }
+}
+
+const CREDS = { COS_ACCESS_KEY: 'AKIDLIFE', COS_ACCESS_KEY_SECRET: 'life-SeCrEt' }
+
+async function until (what: string, check: () => Promise<boolean>, ms = 5000): Promise<void> {
+  const deadline = Date.now() + ms
+  while (!(await check())) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`)
+    await new Promise(resolve => setTimeout(resolve, 50))
+  }
+}
+
+t.test('probes: healthz 200, readyz 200 when ready, metrics in Prometheus text', async t => {
+  const up = await startUpstream()
+  const s = await startSidecar({ ...CREDS, COS_API_URL: up.url })
+  t.teardown(async () => { s.child.kill('SIGKILL'); await up.close() })
+  t.equal((await send(`${s.admin}/healthz`)).status, 200)
+  const ready = await send(`${s.admin}/readyz`)
+  t.equal(ready.status, 200)
+  t.same(json(ready), { status: 'ready' })
+  await send(`${s.proxy}/x`)
+  const metrics = await send(`${s.admin}/metrics`)
+  t.equal(metrics.status, 200)
+  t.match(metrics.body.toString(), /cos_auth_proxy_requests_total\{[^}]*route="api"[^}]*\} 1/)
+  t.match(metrics.body.toString(), /cos_auth_proxy_tokens_minted_total 1/)
+  t.equal((await send(`${s.proxy}/healthz`)).status, 200, 'the proxy port forwards /healthz upstream: admin paths are not on it')
+  t.equal(up.received.at(-1)?.url, '/healthz')
+})
+
+t.test('credential files missing at start: the proxy starts unready, answers 503, then picks them up', async t => {
+  const up = await startUpstream()
+  const dir = mkdtempSync(join(tmpdir(), 'cos-late-'))
+  const s = await startSidecar({
+    COS_API_URL: up.url,
+    COS_ACCESS_KEY_FILE: join(dir, 'secret', 'access-key'),
+    COS_ACCESS_KEY_SECRET_FILE: join(dir, 'secret', 'access-key-secret'),
+    COS_CREDENTIALS_RELOAD_MS: '200',
+  })
+  t.teardown(async () => { s.child.kill('SIGKILL'); await up.close(); rmSync(dir, { recursive: true, force: true }) })
+  const unready = await send(`${s.admin}/readyz`)
+  t.equal(unready.status, 503)
+  t.match(json(unready), { status: 'not_ready', reason: /credentials/ })
+  const refused = await send(`${s.proxy}/x`)
+  t.equal(refused.status, 503)
+  t.match(json(refused), { error: { code: 'credentials_unavailable' } })
+  t.equal(up.received.length, 0, 'nothing forwarded')
+
+  const { mkdirSync } = await import('node:fs')
+  mkdirSync(join(dir, 'secret'))
+  writeFileSync(join(dir, 'secret', 'access-key'), 'AKIDLATE\n')
+  writeFileSync(join(dir, 'secret', 'access-key-secret'), 'late-SeCrEt\n')
+  await until('readiness', async () => (await send(`${s.admin}/readyz`)).status === 200)
+  t.equal((await send(`${s.proxy}/x`)).status, 200)
+  t.match(up.received[0]?.headers.authorization, /^Bearer AKIDLATE%2F/)
+})
+
+/** A request that stays in flight until the upstream answers after `delayMs`. */
+function slowUpstream (delayMs: number): Promise<Awaited<ReturnType<typeof startUpstream>>> {
+  return startUpstream((_req, res) => {
+    res.writeHead(200, { 'content-type': 'text/plain' })
+    res.write('first ')
+    setTimeout(() => res.end('last'), delayMs)
+  })
+}
+
+t.test('SIGTERM drains: readiness 503 at once, health stays 200, the in-flight request completes, exit 0', async t => {
+  const up = await slowUpstream(1500)
+  const s = await startSidecar({ ...CREDS, COS_API_URL: up.url, COS_SHUTDOWN_DELAY_MS: '500' })
+  t.teardown(async () => { s.child.kill('SIGKILL'); await up.close() })
+  const agent = new Agent({ keepAlive: true })
+  t.teardown(() => agent.destroy())
+  // A keep-alive client with a request in flight (the response is streaming).
+  const inFlight = new Promise<SimpleResponse>((resolve, reject) => {
+    httpRequest(`${s.proxy}/slow`, { agent }, res => {
+      const chunks: Buffer[] = []
+      res.on('data', (c: Buffer) => chunks.push(c))
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, rawHeaders: res.rawHeaders, body: Buffer.concat(chunks) }))
+    }).on('error', reject).end()
+  })
+  await until('the request to reach the upstream', async () => up.received.length === 1)
+  s.signal('SIGTERM')
+  await until('readiness 503', async () => (await send(`${s.admin}/readyz`)).status === 503, 1000)
+  t.match(json(await send(`${s.admin}/readyz`)), { reason: 'draining' })
+  t.equal((await send(`${s.admin}/healthz`)).status, 200, 'healthz stays 200 while draining')
+  t.equal((await send(`${s.proxy}/during-delay`)).status, 200, 'still serving during COS_SHUTDOWN_DELAY_MS')
+  const res = await inFlight
+  t.equal(res.status, 200)
+  t.equal(res.body.toString(), 'first last', 'the streaming response completed')
+  const { code, ms } = await s.exited
+  t.equal(code, 0, 'exit 0')
+  t.ok(ms < 5000, `exited ${ms} ms after SIGTERM, without waiting on the idle keep-alive connection`)
+  const msgs = s.lines().map(l => l.msg)
+  t.ok(msgs.indexOf('draining: readiness is now 503') < msgs.lastIndexOf('request'), 'drain began before the in-flight request finished')
+  t.equal(msgs.at(-1), 'stopped')
+})
+
+t.test('COS_SHUTDOWN_TIMEOUT_MS cuts what is still in flight, then exits 0', async t => {
+  const up = await slowUpstream(30_000)
+  const s = await startSidecar({ ...CREDS, COS_API_URL: up.url, COS_SHUTDOWN_TIMEOUT_MS: '500' })
+  t.teardown(async () => { s.child.kill('SIGKILL'); await up.close() })
+  const cut = send(`${s.proxy}/forever`).then(r => r.body.toString(), () => 'cut')
+  await until('the request to reach the upstream', async () => up.received.length === 1)
+  s.signal('SIGTERM')
+  const { code, ms } = await s.exited
+  t.equal(code, 0)
+  t.ok(ms < 4000, `exited after ${ms} ms`)
+  t.not(await cut, 'first last', 'the request did not complete')
+})
+
+t.test('a second signal exits at once', async t => {
+  const up = await slowUpstream(30_000)
+  const s = await startSidecar({ ...CREDS, COS_API_URL: up.url })
+  t.teardown(async () => { s.child.kill('SIGKILL'); await up.close() })
+  void send(`${s.proxy}/forever`).catch(() => undefined)
+  await until('the request to reach the upstream', async () => up.received.length === 1)
+  s.signal('SIGTERM')
+  await until('readiness 503', async () => (await send(`${s.admin}/readyz`)).status === 503, 1000)
+  s.signal('SIGINT')
+  const { code, ms } = await s.exited
+  t.equal(code, 1, 'a forced exit says so')
+  t.ok(ms < 2000, `exited ${ms} ms after the second signal`)
+})
+
+t.test('POST /quitquitquit drains like SIGTERM; wait exits 0 once ready and 1 on timeout', async t => {
+  const up = await startUpstream()
+  const s = await startSidecar({ ...CREDS, COS_API_URL: up.url })
+  t.teardown(async () => { s.child.kill('SIGKILL'); await up.close() })
+  const adminPort = new URL(s.admin).port
+
+  const wait = spawn(process.execPath, [CLI, 'wait', '--timeout', '5'], { cwd: CWD, env: { PATH: process.env.PATH, COS_ADMIN_PORT: adminPort } })
+  t.equal(await new Promise(resolve => wait.on('close', resolve)), 0, 'wait: ready')
+
+  t.equal((await send(`${s.admin}/quitquitquit`, { method: 'POST' })).status, 202)
+  t.equal((await s.exited).code, 0)
+
+  const waitFail = spawn(process.execPath, [CLI, 'wait', '--timeout', '1'], { cwd: CWD, env: { PATH: process.env.PATH, COS_ADMIN_PORT: adminPort } })
+  let err = ''
+  waitFail.stderr.on('data', (d: Buffer) => { err += d.toString() })
+  t.equal(await new Promise(resolve => waitFail.on('close', resolve)), 1, 'wait: nothing ready')
+  t.match(err, /not ready after 1 s/)
+})
