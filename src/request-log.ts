@@ -18,6 +18,8 @@ export interface RequestObserver {
  */
 export class RequestLog extends LogController {
   readonly #observer: RequestObserver | undefined
+  /** Responses not yet closed (their line not yet written). */
+  open = 0
 
   constructor (observer?: RequestObserver) {
     super({ requestIdLogLabel: 'reqId' })
@@ -26,7 +28,8 @@ export class RequestLog extends LogController {
 
   override incomingRequest (request: FastifyRequest, reply: FastifyReply): void {
     this.#observer?.requestStarted()
-    reply.raw.once('close', () => { this.#completed(request, reply) })
+    this.open++
+    reply.raw.once('close', () => { this.open--; this.#completed(request, reply) })
   }
 
   override requestCompleted (): void {

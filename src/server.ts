@@ -44,6 +44,8 @@ export interface ProxyServerOptions {
   readonly upstreams?: Upstreams
   readonly observer?: ProxyObserver & RequestObserver
   readonly resyncCredentials?: () => boolean
+  /** Built from `observer` when not given. */
+  readonly requestLog?: RequestLog
 }
 
 export function upstreamsFor (config: Config, logger: FastifyBaseLogger): Upstreams {
@@ -60,7 +62,7 @@ export async function buildProxyServer (opts: ProxyServerOptions): Promise<Fasti
   const { config } = opts
   const app = Fastify({
     loggerInstance: opts.logger,
-    logController: new RequestLog(opts.observer),
+    logController: opts.requestLog ?? new RequestLog(opts.observer),
     requestIdHeader: false,
     genReqId: requestId,
     return503OnClosing: true,
@@ -150,12 +152,14 @@ export async function serve (opts: ServeOptions): Promise<void> {
     lastResync = now
     return watcher.reloadSync().result === 'applied'
   }
+  const requestLog = new RequestLog(observer)
   const app = await buildProxyServer({
     config,
     credentials: store,
     logger,
     upstreams,
     observer,
+    requestLog,
     resyncCredentials,
   })
 
@@ -183,6 +187,10 @@ export async function serve (opts: ServeOptions): Promise<void> {
     await app.close() // stops accepting, then waits for the requests in flight
     clearTimeout(cut)
     clearInterval(reap)
+    // Responses emit 'close' (which writes their log line) a few ticks after
+    // their socket is gone; let them, so the last lines are not lost at exit.
+    const settled = Date.now() + 200
+    while (requestLog.open > 0 && Date.now() < settled) await new Promise(resolve => setImmediate(resolve))
     watcher.close()
     await admin.close()
     await opts.onClose?.()
