@@ -104,6 +104,16 @@ export async function buildProxyServer (opts: ProxyServerOptions): Promise<Fasti
   return app
 }
 
+/**
+ * pino writes stdout asynchronously; exiting straight after flush() lets the
+ * exit hook write the buffer ahead of a write still in flight, reordering or
+ * losing the last lines. Wait for the flush, but not forever.
+ */
+function exitAfterFlush (logger: Logger, code: number): void {
+  setTimeout(() => process.exit(code), 1000).unref()
+  logger.flush(() => process.exit(code))
+}
+
 export interface ServeOptions {
   readonly config: Config
   readonly logger: Logger
@@ -202,14 +212,13 @@ export async function serve (opts: ServeOptions): Promise<void> {
     if (stopping !== undefined) {
       if (cause !== 'quitquitquit') {
         logger.warn({ signal: cause }, 'second signal: exiting without finishing the drain')
-        logger.flush()
-        process.exit(1)
+        exitAfterFlush(logger, 1)
       }
       return
     }
     stopping = drain(cause).then(
-      () => { logger.flush(); process.exit(0) },
-      (err: unknown) => { logger.error({ err }, 'shutdown failed'); logger.flush(); process.exit(1) })
+      () => { exitAfterFlush(logger, 0) },
+      (err: unknown) => { logger.error({ err }, 'shutdown failed'); exitAfterFlush(logger, 1) })
   }
 
   const admin = buildAdminServer({ metrics, readiness, onQuit: () => stop('quitquitquit'), logger })

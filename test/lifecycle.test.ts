@@ -143,7 +143,7 @@ t.test('SIGTERM drains: readiness 503 at once, health stays 200, the in-flight r
   t.ok(ms < 5000, `exited ${ms} ms after SIGTERM, without waiting on the idle keep-alive connection`)
   const msgs = s.lines().map(l => l.msg)
   t.ok(msgs.indexOf('draining: readiness is now 503') < msgs.lastIndexOf('request'), 'drain began before the in-flight request finished')
-  t.equal(msgs.at(-1), 'stopped')
+  t.equal(msgs.at(-1), 'stopped', JSON.stringify(s.lines().slice(-6)))
 })
 
 t.test('COS_SHUTDOWN_TIMEOUT_MS cuts what is still in flight, then exits 0', async t => {
