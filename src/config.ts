@@ -33,6 +33,8 @@ export interface Route {
   readonly basePath: string
   /** The URL as configured, for display. */
   readonly url: string
+  /** Methods this route forwards; undefined = all the proxy supports. */
+  readonly allowedMethods?: readonly string[]
 }
 
 export interface CredentialSource {
@@ -58,6 +60,20 @@ export interface Config {
   /** Longest silence allowed while a body streams, either way. */
   readonly bodyIdleTimeoutMs: number
   readonly tls: { readonly caFile?: string, readonly clientCertFile?: string, readonly clientKeyFile?: string }
+  /** Source CIDRs allowed to use the proxy listener (checked on the socket's peer address). */
+  readonly allowFrom: readonly string[]
+  /** Whether allowFrom is the loopback-only default. */
+  readonly allowFromIsDefault: boolean
+  /** A header every client request must carry; it is not forwarded. */
+  readonly requireHeader?: { readonly name: string, readonly value?: string }
+  /** 0 = unlimited. */
+  readonly maxBodyBytes: number
+  readonly client: {
+    readonly headersTimeoutMs: number
+    readonly requestTimeoutMs: number
+    readonly keepAliveTimeoutMs: number
+    readonly maxConnections: number
+  }
 }
 
 interface VarSpec {
@@ -101,6 +117,16 @@ export const VARIABLES = {
   COS_CA_FILE: { type: 'string', expect: 'must be a file path' },
   COS_CLIENT_CERT_FILE: { type: 'string', expect: 'must be a file path' },
   COS_CLIENT_KEY_FILE: { type: 'string', expect: 'must be a file path' },
+  COS_ALLOW_FROM: { type: 'string', default: '127.0.0.0/8,::1/128', expect: 'must be a comma-separated list of CIDRs like 10.0.0.0/8,fd00::/8' },
+  COS_REQUIRE_HEADER: { type: 'string', expect: 'must be "Header-Name: value" or "Header-Name"' },
+  COS_MANAGEMENT_ALLOWED_METHODS: { type: 'string', expect: 'must be a comma-separated list of HTTP methods like GET,HEAD' },
+  COS_OPTIMIZE_ALLOWED_METHODS: { type: 'string', expect: 'must be a comma-separated list of HTTP methods like GET,HEAD' },
+  COS_API_ALLOWED_METHODS: { type: 'string', expect: 'must be a comma-separated list of HTTP methods like GET,HEAD' },
+  COS_MAX_BODY_BYTES: { type: 'integer', minimum: 0, maximum: Number.MAX_SAFE_INTEGER, expect: 'must be a whole number of bytes (0 = unlimited)' },
+  COS_HEADERS_TIMEOUT_MS: { ...TIMEOUT, default: 10_000 },
+  COS_REQUEST_TIMEOUT_MS: { type: 'integer', default: 300_000, minimum: 0, maximum: 2_147_483_647, expect: 'must be a whole number of milliseconds (0 = none)' },
+  COS_KEEPALIVE_TIMEOUT_MS: { ...TIMEOUT, default: 5_000 },
+  COS_MAX_CONNECTIONS: { type: 'integer', default: 1024, minimum: 1, maximum: 1_000_000, expect: 'must be a whole number of connections ≥ 1' },
 } as const satisfies Record<string, VarSpec>
 
 export type VariableName = keyof typeof VARIABLES
@@ -180,9 +206,9 @@ function schemaError (err: unknown, data: Record<string, string>): Error {
 function build (raw: Raw, needs: NonNullable<LoadOptions['needs']>): Config {
   const host = hostname('COS_LISTEN_HOST', raw.COS_LISTEN_HOST ?? '127.0.0.1')
   const routes: Route[] = []
-  const management = route('management', 'COS_MANAGEMENT_API_URL', raw.COS_MANAGEMENT_API_URL, 'COS_MANAGEMENT_PATH_PREFIX', raw.COS_MANAGEMENT_PATH_PREFIX)
-  const optimize = route('optimize', 'COS_OPTIMIZE_API_URL', raw.COS_OPTIMIZE_API_URL, 'COS_OPTIMIZE_PATH_PREFIX', raw.COS_OPTIMIZE_PATH_PREFIX)
-  const api = route('api', 'COS_API_URL', raw.COS_API_URL, undefined, '')
+  const management = withMethods(route('management', 'COS_MANAGEMENT_API_URL', raw.COS_MANAGEMENT_API_URL, 'COS_MANAGEMENT_PATH_PREFIX', raw.COS_MANAGEMENT_PATH_PREFIX), 'COS_MANAGEMENT_ALLOWED_METHODS', raw.COS_MANAGEMENT_ALLOWED_METHODS)
+  const optimize = withMethods(route('optimize', 'COS_OPTIMIZE_API_URL', raw.COS_OPTIMIZE_API_URL, 'COS_OPTIMIZE_PATH_PREFIX', raw.COS_OPTIMIZE_PATH_PREFIX), 'COS_OPTIMIZE_ALLOWED_METHODS', raw.COS_OPTIMIZE_ALLOWED_METHODS)
+  const api = withMethods(route('api', 'COS_API_URL', raw.COS_API_URL, undefined, ''), 'COS_API_ALLOWED_METHODS', raw.COS_API_ALLOWED_METHODS)
   if (management) routes.push(management)
   if (optimize) routes.push(optimize)
   if (management && optimize && overlaps(management.prefix, optimize.prefix)) {
@@ -214,7 +240,58 @@ function build (raw: Raw, needs: NonNullable<LoadOptions['needs']>): Config {
     shutdownTimeoutMs: raw.COS_SHUTDOWN_TIMEOUT_MS,
     bodyIdleTimeoutMs: raw.COS_BODY_IDLE_TIMEOUT_MS,
     tls: tlsFiles(raw.COS_CA_FILE, raw.COS_CLIENT_CERT_FILE, raw.COS_CLIENT_KEY_FILE),
+    allowFrom: cidrList(raw.COS_ALLOW_FROM ?? VARIABLES.COS_ALLOW_FROM.default),
+    allowFromIsDefault: raw.COS_ALLOW_FROM === undefined || raw.COS_ALLOW_FROM === VARIABLES.COS_ALLOW_FROM.default,
+    ...(raw.COS_REQUIRE_HEADER === undefined ? {} : { requireHeader: requiredHeader(raw.COS_REQUIRE_HEADER) }),
+    maxBodyBytes: raw.COS_MAX_BODY_BYTES ?? 0,
+    client: {
+      headersTimeoutMs: raw.COS_HEADERS_TIMEOUT_MS,
+      requestTimeoutMs: raw.COS_REQUEST_TIMEOUT_MS,
+      keepAliveTimeoutMs: raw.COS_KEEPALIVE_TIMEOUT_MS,
+      maxConnections: raw.COS_MAX_CONNECTIONS,
+    },
   }
+}
+
+/** Methods the proxy forwards at all; CONNECT and TRACE are never forwarded. */
+export const PROXY_METHODS = ['DELETE', 'GET', 'HEAD', 'PATCH', 'POST', 'PUT', 'OPTIONS'] as const
+
+function withMethods (r: Route | undefined, variable: VariableName, list: string | undefined): Route | undefined {
+  if (r === undefined || list === undefined) return r
+  const methods = list.split(',').map(m => m.trim().toUpperCase()).filter(m => m !== '')
+  const unknown = methods.find(m => !(PROXY_METHODS as readonly string[]).includes(m))
+  if (methods.length === 0 || unknown !== undefined) {
+    throw new ConfigError(variable, `must be a comma-separated list of ${PROXY_METHODS.join(', ')}${unknown === undefined ? '' : ` (got ${JSON.stringify(unknown)})`}`)
+  }
+  return { ...r, allowedMethods: [...new Set(methods)] }
+}
+
+function cidrList (list: string): string[] {
+  const cidrs = list.split(',').map(c => c.trim()).filter(c => c !== '')
+  if (cidrs.length === 0) throw new ConfigError('COS_ALLOW_FROM', 'must list at least one CIDR')
+  for (const cidr of cidrs) {
+    const [address = '', bits, extra] = cidr.split('/')
+    const family = isIP(address)
+    const max = family === 6 ? 128 : 32
+    const prefix = Number(bits)
+    if (family === 0 || extra !== undefined || bits === undefined || !/^[0-9]{1,3}$/.test(bits) || prefix > max) {
+      throw new ConfigError('COS_ALLOW_FROM', `${VARIABLES.COS_ALLOW_FROM.expect} (got ${JSON.stringify(cidr)})`)
+    }
+  }
+  return cidrs
+}
+
+// RFC 9110 token characters.
+const HEADER_NAME = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/
+
+function requiredHeader (spec: string): { name: string, value?: string } {
+  const colon = spec.indexOf(':')
+  const name = (colon < 0 ? spec : spec.slice(0, colon)).trim()
+  const value = colon < 0 ? undefined : spec.slice(colon + 1).trim()
+  if (!HEADER_NAME.test(name) || value === '' || (value !== undefined && /[\x00-\x1f\x7f]/.test(value))) {
+    throw new ConfigError('COS_REQUIRE_HEADER', `${VARIABLES.COS_REQUIRE_HEADER.expect} (got ${JSON.stringify(spec)})`)
+  }
+  return value === undefined ? { name: name.toLowerCase() } : { name: name.toLowerCase(), value }
 }
 
 function tlsFiles (caFile: string | undefined, clientCertFile: string | undefined, clientKeyFile: string | undefined): Config['tls'] {

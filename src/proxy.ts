@@ -3,6 +3,7 @@
 // each over its own keep-alive undici Pool (shared by routes with one origin).
 import type { IncomingHttpHeaders } from 'node:http'
 import { performance } from 'node:perf_hooks'
+import { Readable, Transform, type TransformCallback } from 'node:stream'
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import httpProxy from '@fastify/http-proxy'
 import type { FastifyReplyFromHooks } from '@fastify/reply-from'
@@ -15,6 +16,8 @@ declare module 'fastify' {
   interface FastifyContextConfig {
     /** Bounded label for logs and metrics: never the raw path. */
     routeName?: RouteName
+    /** COS_*_ALLOWED_METHODS; undefined = all. */
+    allowedMethods?: readonly string[] | undefined
   }
   interface FastifyRequest {
     /** performance.now() when the request left for the upstream (decorated in server.ts). */
@@ -38,6 +41,10 @@ export interface ProxyOptions {
   /** Re-reads the credential files now; true when a different pair is in force afterwards. */
   readonly resyncCredentials?: () => boolean
   readonly observer?: ProxyObserver
+  /** A header only for the proxy (COS_REQUIRE_HEADER): never forwarded. */
+  readonly dropHeader?: string
+  /** 0 = unlimited. Streamed bodies are counted as they pass. */
+  readonly maxBodyBytes?: number
 }
 
 // Hop-by-hop (RFC 9110 §7.6.1) plus the client's own credentials. `expect`
@@ -50,6 +57,30 @@ const DROP_RESPONSE = ['connection', 'keep-alive', 'proxy-connection', 'transfer
 function connectionTokens (value: string | string[] | undefined): string[] {
   if (value === undefined) return []
   return (Array.isArray(value) ? value.join(',') : value).split(',').map(s => s.trim().toLowerCase()).filter(s => s !== '')
+}
+
+const BODY_TOO_LARGE = 'COS_BODY_TOO_LARGE'
+
+/** Passes a streamed body through and fails it once it exceeds the limit, which aborts the upstream request. */
+class BodyLimit extends Transform {
+  #left: number
+  constructor (limit: number) {
+    super()
+    this.#left = limit
+  }
+
+  override _transform (chunk: Buffer, _encoding: BufferEncoding, callback: TransformCallback): void {
+    this.#left -= chunk.length
+    if (this.#left < 0) callback(Object.assign(new Error('request body too large'), { code: BODY_TOO_LARGE }))
+    else callback(null, chunk)
+  }
+}
+
+function causedBy (err: unknown, code: string): boolean {
+  for (let e = err, depth = 0; e instanceof Error && depth < 5; e = e.cause, depth++) {
+    if ((e as { code?: string }).code === code) return true
+  }
+  return false
 }
 
 interface AttemptRequest { method: string, headers: IncomingHttpHeaders, body: unknown }
@@ -78,7 +109,8 @@ export function upstreamErrorStatus (error: Error): 502 | 504 {
 }
 
 export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions): Promise<void> {
-  const { credentials, upstreams, observer } = opts
+  const { credentials, upstreams, observer, dropHeader } = opts
+  const maxBody = opts.maxBodyBytes ?? 0
 
   // Bodies are streamed, never parsed or buffered: drop Fastify's JSON and
   // text parsers; @fastify/http-proxy adds its pass-through parser for '*'.
@@ -88,6 +120,7 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
     const h = headers as IncomingHttpHeaders // HTTP/1 only: the proxy listens on plain HTTP/1.1
     for (const name of connectionTokens(request.headers.connection)) h[name] = undefined
     for (const name of DROP_REQUEST) h[name] = undefined
+    if (dropHeader !== undefined) h[dropHeader] = undefined
     // preHandler guaranteed a pair; read it again so a swap in between is honoured.
     h.authorization = credentials.current?.next()
     observer?.tokenMinted()
@@ -108,6 +141,10 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
   }
 
   const onError: NonNullable<FastifyReplyFromHooks['onError']> = (reply, { error }) => {
+    if (causedBy(error, BODY_TOO_LARGE)) {
+      sendError(reply, 413, 'payload_too_large', `request bodies are limited to ${maxBody} bytes (COS_MAX_BODY_BYTES)`)
+      return
+    }
     const route = reply.request.routeOptions.config.routeName
     if (route !== undefined) observer?.upstreamError(route, (error.cause as Error | undefined) ?? error)
     const status = upstreamErrorStatus(error)
@@ -116,11 +153,18 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
   }
 
   // Callback style: replying without calling done() ends the request here.
-  function requireCredentials (_request: FastifyRequest, reply: FastifyReply, done: () => void): void {
+  function admit (request: FastifyRequest, reply: FastifyReply, done: () => void): void {
+    const allowed = request.routeOptions.config.allowedMethods
+    if (allowed !== undefined && !allowed.includes(request.method)) {
+      reply.header('allow', allowed.join(', '))
+      sendError(reply, 405, 'method_not_allowed', `${request.method} is not allowed on this route`)
+      return
+    }
     if (credentials.current === undefined) {
       sendError(reply, 503, 'credentials_unavailable', 'no valid access key pair is loaded yet')
       return
     }
+    if (maxBody > 0 && request.body instanceof Readable) request.body = request.body.pipe(new BodyLimit(maxBody))
     done()
   }
 
@@ -166,8 +210,8 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
       disableRequestLogging: true,
       // Responses pass through unchanged, Location included.
       internalRewriteLocationHeader: false,
-      config: { routeName: route.name },
-      preHandler: requireCredentials,
+      config: { routeName: route.name, allowedMethods: route.allowedMethods },
+      preHandler: admit,
       replyOptions: {
         rewriteRequestHeaders,
         rewriteHeaders,

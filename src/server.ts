@@ -3,6 +3,7 @@
 import { randomUUID } from 'node:crypto'
 import type { IncomingMessage } from 'node:http'
 import type { AddressInfo } from 'node:net'
+import type { Duplex } from 'node:stream'
 import { performance } from 'node:perf_hooks'
 import { setTimeout as sleep } from 'node:timers/promises'
 import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance } from 'fastify'
@@ -12,6 +13,7 @@ import type { Config } from './config.js'
 import { CredentialWatcher } from './credential-watcher.js'
 import { CredentialStore } from './credentials.js'
 import { sendError } from './errors.js'
+import { allowList, hasRequiredHeader, peerAllowed, targetProblem } from './guard.js'
 import { ProxyMetrics, classifyUpstreamError } from './metrics.js'
 import { proxyPlugin, type ProxyObserver } from './proxy.js'
 import { RequestLog, type RequestObserver } from './request-log.js'
@@ -34,6 +36,29 @@ const STATUS_CODES: Readonly<Record<number, string>> = {
   413: 'payload_too_large',
   415: 'unsupported_media_type',
   431: 'request_header_fields_too_large',
+}
+
+const CLIENT_ERRORS: Readonly<Record<string, readonly [number, string, string]>> = {
+  HPE_HEADER_OVERFLOW: [431, 'request_header_fields_too_large', 'the request headers exceed 16 KiB'],
+  ERR_HTTP_REQUEST_TIMEOUT: [408, 'request_timeout', 'the request was not received in time'],
+  ERR_HTTP_HEADERS_TIMEOUT: [408, 'request_timeout', 'the request headers were not received in time'],
+}
+
+function writeRawError (socket: Duplex, status: number, code: string, message: string): void {
+  if (socket.writable) {
+    const body = JSON.stringify({ error: { code, message } })
+    socket.write(`HTTP/1.1 ${status} ${STATUS_CODES_TEXT[status] ?? 'Error'}\r\ncontent-type: application/json; charset=utf-8\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`)
+  }
+  socket.destroy()
+}
+
+const STATUS_CODES_TEXT: Readonly<Record<number, string>> = { 400: 'Bad Request', 408: 'Request Timeout', 431: 'Request Header Fields Too Large' }
+
+/** Requests Node's parser rejects (bad framing, oversized headers, slow senders) get the JSON error shape too. */
+function rejectMalformed (err: Error & { code?: string }, socket: Duplex): void {
+  if (err.code === 'ECONNRESET' || socket.destroyed) return
+  const [status, code, message] = CLIENT_ERRORS[err.code ?? ''] ?? [400, 'bad_request', 'malformed HTTP request']
+  writeRawError(socket, status, code, message)
 }
 
 export interface ProxyServerOptions {
@@ -60,12 +85,32 @@ export function upstreamsFor (config: Config, logger: FastifyBaseLogger): Upstre
 
 export async function buildProxyServer (opts: ProxyServerOptions): Promise<FastifyInstance> {
   const { config } = opts
+  const { client } = config
   const app = Fastify({
     loggerInstance: opts.logger,
     logController: opts.requestLog ?? new RequestLog(opts.observer),
     requestIdHeader: false,
     genReqId: requestId,
     return503OnClosing: true,
+    keepAliveTimeout: client.keepAliveTimeoutMs,
+    requestTimeout: client.requestTimeoutMs,
+    http: {
+      headersTimeout: client.headersTimeoutMs,
+      requestTimeout: client.requestTimeoutMs,
+      keepAliveTimeout: client.keepAliveTimeoutMs,
+      maxHeaderSize: 16 * 1024, // larger header sections get 431
+      // How often those timeouts are enforced (Node's default is 30 s).
+      connectionsCheckingInterval: Math.min(1000, client.headersTimeoutMs),
+      // Refuse what Node's parser can be lenient about (obs-fold, bare LF, …).
+      insecureHTTPParser: false,
+    },
+    clientErrorHandler: rejectMalformed,
+  })
+  app.server.maxConnections = client.maxConnections
+  // CONNECT is handed to a 'connect' listener before routing; with none, Node
+  // would drop the socket without an answer.
+  app.server.on('connect', (_req: IncomingMessage, socket: Duplex) => {
+    writeRawError(socket, 400, 'bad_request', 'CONNECT is not supported: this is not a forward proxy')
   })
   // Declared up front so every request object has the same shape.
   app.decorateRequest('upstreamStart', 0)
@@ -74,8 +119,40 @@ export async function buildProxyServer (opts: ProxyServerOptions): Promise<Fasti
   const upstreams = opts.upstreams ?? upstreamsFor(config, opts.logger)
   app.addHook('onClose', async () => { await upstreams.close() })
 
+  const allowed = allowList(config.allowFrom)
+  const checkedPeers = new WeakMap<object, boolean>()
+  const required = config.requireHeader
+  const maxBody = config.maxBodyBytes
   app.addHook('onRequest', (request, reply, done) => {
     reply.header('x-request-id', request.id)
+    const raw = request.raw
+    // Checked once per connection: the peer of a socket does not change.
+    let peerOk = checkedPeers.get(raw.socket)
+    if (peerOk === undefined) {
+      peerOk = peerAllowed(allowed, raw.socket.remoteAddress)
+      checkedPeers.set(raw.socket, peerOk)
+    }
+    if (!peerOk) {
+      sendError(reply, 403, 'forbidden_source', 'this source address may not use the proxy (COS_ALLOW_FROM)')
+      return
+    }
+    if (raw.headers.upgrade !== undefined) {
+      sendError(reply, 405, 'method_not_allowed', 'protocol upgrades (WebSocket) are not supported')
+      return
+    }
+    const problem = targetProblem(raw.url ?? '', config.routes)
+    if (problem !== undefined) {
+      sendError(reply, 400, 'bad_request', problem)
+      return
+    }
+    if (required !== undefined && !hasRequiredHeader(required, raw.headers[required.name])) {
+      sendError(reply, 403, 'missing_required_header', `requests must carry the ${required.name} header (COS_REQUIRE_HEADER)`)
+      return
+    }
+    if (maxBody > 0 && Number(raw.headers['content-length'] ?? 0) > maxBody) {
+      sendError(reply, 413, 'payload_too_large', `request bodies are limited to ${maxBody} bytes (COS_MAX_BODY_BYTES)`)
+      return
+    }
     done()
   })
 
@@ -98,6 +175,8 @@ export async function buildProxyServer (opts: ProxyServerOptions): Promise<Fasti
     routes: config.routes,
     credentials: opts.credentials,
     upstreams,
+    ...(required === undefined ? {} : { dropHeader: required.name }),
+    maxBodyBytes: maxBody,
     ...(opts.observer === undefined ? {} : { observer: opts.observer }),
     ...(opts.resyncCredentials === undefined ? {} : { resyncCredentials: opts.resyncCredentials }),
   })
@@ -112,6 +191,10 @@ export async function buildProxyServer (opts: ProxyServerOptions): Promise<Fasti
 function exitAfterFlush (logger: Logger, code: number): void {
   setTimeout(() => process.exit(code), 1000).unref()
   logger.flush(() => process.exit(code))
+}
+
+function isLoopback (host: string): boolean {
+  return host === 'localhost' || host === '::1' || /^127\./.test(host)
 }
 
 export interface ServeOptions {
@@ -229,6 +312,10 @@ export async function serve (opts: ServeOptions): Promise<void> {
   process.on('SIGTERM', () => stop('SIGTERM'))
   process.on('SIGINT', () => stop('SIGINT'))
 
+  if (config.allowFromIsDefault && !isLoopback(config.listen.host)) {
+    logger.warn({ host: config.listen.host, allowFrom: config.allowFrom },
+      'listening beyond loopback with the default COS_ALLOW_FROM: only 127.0.0.0/8 and ::1 may use the proxy; set COS_ALLOW_FROM to the CIDRs of your clients (and restrict them with a NetworkPolicy)')
+  }
   const address = app.server.address() as AddressInfo
   const adminAddress = admin.server.address() as AddressInfo
   logger.info({
