@@ -122,7 +122,7 @@ export const VARIABLES = {
   COS_MANAGEMENT_ALLOWED_METHODS: { type: 'string', expect: 'must be a comma-separated list of HTTP methods like GET,HEAD' },
   COS_OPTIMIZE_ALLOWED_METHODS: { type: 'string', expect: 'must be a comma-separated list of HTTP methods like GET,HEAD' },
   COS_API_ALLOWED_METHODS: { type: 'string', expect: 'must be a comma-separated list of HTTP methods like GET,HEAD' },
-  COS_MAX_BODY_BYTES: { type: 'integer', minimum: 0, maximum: Number.MAX_SAFE_INTEGER, expect: 'must be a whole number of bytes (0 = unlimited)' },
+  COS_MAX_BODY_BYTES: { type: 'integer', default: 0, minimum: 0, maximum: Number.MAX_SAFE_INTEGER, expect: 'must be a whole number of bytes (0 = unlimited)' },
   COS_HEADERS_TIMEOUT_MS: { ...TIMEOUT, default: 10_000 },
   COS_REQUEST_TIMEOUT_MS: { type: 'integer', default: 300_000, minimum: 0, maximum: 2_147_483_647, expect: 'must be a whole number of milliseconds (0 = none)' },
   COS_KEEPALIVE_TIMEOUT_MS: { ...TIMEOUT, default: 5_000 },
@@ -243,7 +243,7 @@ function build (raw: Raw, needs: NonNullable<LoadOptions['needs']>): Config {
     allowFrom: cidrList(raw.COS_ALLOW_FROM ?? VARIABLES.COS_ALLOW_FROM.default),
     allowFromIsDefault: raw.COS_ALLOW_FROM === undefined || raw.COS_ALLOW_FROM === VARIABLES.COS_ALLOW_FROM.default,
     ...(raw.COS_REQUIRE_HEADER === undefined ? {} : { requireHeader: requiredHeader(raw.COS_REQUIRE_HEADER) }),
-    maxBodyBytes: raw.COS_MAX_BODY_BYTES ?? 0,
+    maxBodyBytes: raw.COS_MAX_BODY_BYTES,
     client: {
       headersTimeoutMs: raw.COS_HEADERS_TIMEOUT_MS,
       requestTimeoutMs: raw.COS_REQUEST_TIMEOUT_MS,
@@ -288,7 +288,7 @@ function requiredHeader (spec: string): { name: string, value?: string } {
   const colon = spec.indexOf(':')
   const name = (colon < 0 ? spec : spec.slice(0, colon)).trim()
   const value = colon < 0 ? undefined : spec.slice(colon + 1).trim()
-  if (!HEADER_NAME.test(name) || value === '' || (value !== undefined && /[\x00-\x1f\x7f]/.test(value))) {
+  if (!HEADER_NAME.test(name) || value === '' || (value !== undefined && [...value].some(c => c < ' ' || c === '\x7f'))) {
     throw new ConfigError('COS_REQUIRE_HEADER', `${VARIABLES.COS_REQUIRE_HEADER.expect} (got ${JSON.stringify(spec)})`)
   }
   return value === undefined ? { name: name.toLowerCase() } : { name: name.toLowerCase(), value }
