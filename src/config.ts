@@ -284,11 +284,19 @@ function cidrList (list: string): string[] {
 // RFC 9110 token characters.
 const HEADER_NAME = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/
 
+function hasControlChar (s: string): boolean {
+  for (let i = 0; i < s.length; i++) {
+    const c = s.charCodeAt(i)
+    if (c < 0x20 || c === 0x7f) return true
+  }
+  return false
+}
+
 function requiredHeader (spec: string): { name: string, value?: string } {
   const colon = spec.indexOf(':')
   const name = (colon < 0 ? spec : spec.slice(0, colon)).trim()
   const value = colon < 0 ? undefined : spec.slice(colon + 1).trim()
-  if (!HEADER_NAME.test(name) || value === '' || (value !== undefined && [...value].some(c => c < ' ' || c === '\x7f'))) {
+  if (!HEADER_NAME.test(name) || value === '' || (value !== undefined && hasControlChar(value))) {
     throw new ConfigError('COS_REQUIRE_HEADER', `${VARIABLES.COS_REQUIRE_HEADER.expect} (got ${JSON.stringify(spec)})`)
   }
   return value === undefined ? { name: name.toLowerCase() } : { name: name.toLowerCase(), value }
