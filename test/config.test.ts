@@ -71,6 +71,20 @@ t.test('each bad value exits with a line naming the variable', async t => {
     [{ COS_API_URL: 'https://a.example.com', COS_ACCESS_KEY: 'ak' }, 'COS_ACCESS_KEY_SECRET_FILE', /required/],
     [{ ...base, COS_ACCESS_KEY_FILE: '/k' }, 'COS_ACCESS_KEY_FILE', /both set/],
     [{ ...base, COS_ACCESS_KEY_SECRET_FILE: '/s' }, 'COS_ACCESS_KEY_SECRET_FILE', /both set/],
+    [{ ...base, COS_ALLOW_FROM: '10.0.0.0' }, 'COS_ALLOW_FROM', /CIDRs/],
+    [{ ...base, COS_ALLOW_FROM: '10.0.0.0/33' }, 'COS_ALLOW_FROM', /CIDRs/],
+    [{ ...base, COS_ALLOW_FROM: 'fd00::/129' }, 'COS_ALLOW_FROM', /CIDRs/],
+    [{ ...base, COS_ALLOW_FROM: 'example.com/8' }, 'COS_ALLOW_FROM', /CIDRs/],
+    [{ ...base, COS_ALLOW_FROM: ' , ' }, 'COS_ALLOW_FROM', /at least one/],
+    [{ ...base, COS_REQUIRE_HEADER: 'X Bad: 1' }, 'COS_REQUIRE_HEADER', /Header-Name/],
+    [{ ...base, COS_REQUIRE_HEADER: 'X-Empty:' }, 'COS_REQUIRE_HEADER', /Header-Name/],
+    [{ ...base, COS_API_ALLOWED_METHODS: 'GET,FETCH' }, 'COS_API_ALLOWED_METHODS', /FETCH/],
+    [{ ...base, COS_API_ALLOWED_METHODS: 'GET,CONNECT' }, 'COS_API_ALLOWED_METHODS', /CONNECT/],
+    [{ ...base, COS_MAX_BODY_BYTES: '-1' }, 'COS_MAX_BODY_BYTES', /bytes/],
+    [{ ...base, COS_MAX_CONNECTIONS: '0' }, 'COS_MAX_CONNECTIONS', /connections/],
+    [{ ...base, COS_HEADERS_TIMEOUT_MS: 'soon' }, 'COS_HEADERS_TIMEOUT_MS', /milliseconds/],
+    [{ ...base, COS_ADMIN_PORT: '8080' }, 'COS_ADMIN_PORT', /differ from COS_LISTEN_PORT/],
+    [{ ...base, COS_CLIENT_CERT_FILE: '/c.pem' }, 'COS_CLIENT_KEY_FILE', /other half/],
   ]
   for (const [env, variable, problem] of cases) {
     const err = errorOf(env)
@@ -87,6 +101,28 @@ t.test('a secret that fails validation is not echoed', async t => {
   // neighbour and make sure the message about credentials never carries the secret.
   const err = errorOf({ COS_API_URL: 'https://a.example.com', COS_ACCESS_KEY_SECRET: SECRET, COS_ACCESS_KEY_FILE: '/k', COS_ACCESS_KEY: 'ak' })
   t.notOk(err.message.includes(SECRET))
+})
+
+t.test('security settings: defaults and parsing', async t => {
+  const d = load(base)
+  t.same(d.allowFrom, ['127.0.0.0/8', '::1/128'])
+  t.ok(d.allowFromIsDefault)
+  t.equal(d.requireHeader, undefined)
+  t.equal(d.maxBodyBytes, 0)
+  t.same(d.client, { headersTimeoutMs: 10000, requestTimeoutMs: 300000, keepAliveTimeoutMs: 5000, maxConnections: 1024 })
+  const c = load({
+    ...base,
+    COS_ALLOW_FROM: '10.0.0.0/8, fd00::/8',
+    COS_REQUIRE_HEADER: 'X-COS-Proxy: 1',
+    COS_API_ALLOWED_METHODS: 'get, head,GET',
+    COS_MAX_BODY_BYTES: '1048576',
+  })
+  t.same(c.allowFrom, ['10.0.0.0/8', 'fd00::/8'])
+  t.notOk(c.allowFromIsDefault)
+  t.same(c.requireHeader, { name: 'x-cos-proxy', value: '1' })
+  t.same(c.routes[0]?.allowedMethods, ['GET', 'HEAD'])
+  t.equal(c.maxBodyBytes, 1048576)
+  t.same(load({ ...base, COS_REQUIRE_HEADER: 'X-Any' }).requireHeader, { name: 'x-any' })
 })
 
 t.test('empty values count as unset', async t => {
