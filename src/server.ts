@@ -6,7 +6,7 @@ import type { AddressInfo } from 'node:net'
 import type { Duplex } from 'node:stream'
 import { performance } from 'node:perf_hooks'
 import { setTimeout as sleep } from 'node:timers/promises'
-import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance } from 'fastify'
+import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply } from 'fastify'
 import type { Logger } from 'pino'
 import { buildAdminServer, type Readiness } from './admin.js'
 import type { Config } from './config.js'
@@ -119,6 +119,12 @@ export async function buildProxyServer (opts: ProxyServerOptions): Promise<Fasti
   const upstreams = opts.upstreams ?? upstreamsFor(config, opts.logger)
   app.addHook('onClose', async () => { await upstreams.close() })
 
+  // Refused before the body is read: close the connection rather than have
+  // Node read (and discard) a body nobody wants to keep the socket alive.
+  const refuse = (reply: FastifyReply, status: number, code: string, message: string): void => {
+    reply.header('connection', 'close')
+    sendError(reply, status, code, message)
+  }
   const allowed = allowList(config.allowFrom)
   const checkedPeers = new WeakMap<object, boolean>()
   const required = config.requireHeader
@@ -133,24 +139,24 @@ export async function buildProxyServer (opts: ProxyServerOptions): Promise<Fasti
       checkedPeers.set(raw.socket, peerOk)
     }
     if (!peerOk) {
-      sendError(reply, 403, 'forbidden_source', 'this source address may not use the proxy (COS_ALLOW_FROM)')
+      refuse(reply, 403, 'forbidden_source', 'this source address may not use the proxy (COS_ALLOW_FROM)')
       return
     }
     if (raw.headers.upgrade !== undefined) {
-      sendError(reply, 405, 'method_not_allowed', 'protocol upgrades (WebSocket) are not supported')
+      refuse(reply, 405, 'method_not_allowed', 'protocol upgrades (WebSocket) are not supported')
       return
     }
     const problem = targetProblem(raw.url ?? '', config.routes)
     if (problem !== undefined) {
-      sendError(reply, 400, 'bad_request', problem)
+      refuse(reply, 400, 'bad_request', problem)
       return
     }
     if (required !== undefined && !hasRequiredHeader(required, raw.headers[required.name])) {
-      sendError(reply, 403, 'missing_required_header', `requests must carry the ${required.name} header (COS_REQUIRE_HEADER)`)
+      refuse(reply, 403, 'missing_required_header', `requests must carry the ${required.name} header (COS_REQUIRE_HEADER)`)
       return
     }
     if (maxBody > 0 && Number(raw.headers['content-length'] ?? 0) > maxBody) {
-      sendError(reply, 413, 'payload_too_large', `request bodies are limited to ${maxBody} bytes (COS_MAX_BODY_BYTES)`)
+      refuse(reply, 413, 'payload_too_large', `request bodies are limited to ${maxBody} bytes (COS_MAX_BODY_BYTES)`)
       return
     }
     done()
