@@ -321,6 +321,11 @@ function hostname (name: 'COS_LISTEN_HOST' | 'COS_MOCK_HOST' | 'COS_ADMIN_HOST',
   return host
 }
 
+/** A URL as it may be echoed: with an '@' anywhere it may hold a password (even malformed), so it is not shown. */
+function withoutUserinfo (url: string): string {
+  return url.includes('@') ? '<not shown: contains "@">' : url
+}
+
 function overlaps (a: string, b: string): boolean {
   return a === b || a.startsWith(b + '/') || b.startsWith(a + '/')
 }
@@ -331,7 +336,7 @@ function route (name: RouteName, urlVar: VariableName, url: string | undefined, 
   try {
     parsed = new URL(url)
   } catch {
-    throw new ConfigError(urlVar, `must be an absolute http(s) URL (got ${JSON.stringify(url)})`)
+    throw new ConfigError(urlVar, `must be an absolute http(s) URL (got ${JSON.stringify(withoutUserinfo(url))})`)
   }
   if (parsed.protocol !== 'http:' && parsed.protocol !== 'https:') {
     throw new ConfigError(urlVar, `must use http or https (got ${JSON.stringify(parsed.protocol.slice(0, -1))})`)

@@ -212,6 +212,10 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
       internalRewriteLocationHeader: false,
       config: { routeName: route.name, allowedMethods: route.allowedMethods },
       preHandler: admit,
+      // For a bare prefix with a query (`/management?q=1`) and no upstream base
+      // path, http-proxy computes an empty destination, and reply-from reads
+      // an empty one as "the original URL": the prefix would not be stripped.
+      handler: (_request, reply, dest, options) => reply.from(dest === '' ? '/' : dest, options),
       replyOptions: {
         rewriteRequestHeaders,
         rewriteHeaders,

@@ -1,15 +1,15 @@
 // Wiring and lifecycle: config → credentials, upstreams, metrics, proxy and
 // admin listeners, and the drain on SIGTERM / SIGINT / POST /quitquitquit.
 import { randomUUID } from 'node:crypto'
-import type { IncomingMessage } from 'node:http'
-import type { AddressInfo } from 'node:net'
+import type { IncomingMessage, Server, ServerResponse } from 'node:http'
+import type { AddressInfo, Socket } from 'node:net'
 import type { Duplex } from 'node:stream'
 import { performance } from 'node:perf_hooks'
 import { setTimeout as sleep } from 'node:timers/promises'
 import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply } from 'fastify'
 import type { Logger } from 'pino'
 import { buildAdminServer, type Readiness } from './admin.js'
-import type { Config } from './config.js'
+import { PROXY_METHODS, type Config } from './config.js'
 import { CredentialWatcher } from './credential-watcher.js'
 import { CredentialStore } from './credentials.js'
 import { sendError } from './errors.js'
@@ -54,11 +54,111 @@ function writeRawError (socket: Duplex, status: number, code: string, message: s
 
 const STATUS_CODES_TEXT: Readonly<Record<number, string>> = { 400: 'Bad Request', 408: 'Request Timeout', 431: 'Request Header Fields Too Large' }
 
-/** Requests Node's parser rejects (bad framing, oversized headers, slow senders) get the JSON error shape too. */
+/** Whether an error written now would be misread (see rejectMalformed). */
+function answerUnderWay (socket: Duplex): boolean {
+  const pending = (socket as Duplex & { _httpMessage?: ServerResponse | null })._httpMessage
+  return pending != null && (pending.headersSent || pending.req.complete)
+}
+
+/**
+ * Requests Node's parser rejects (bad framing, oversized headers, slow
+ * senders) get the JSON error shape too, unless it would be misread: when
+ * the response to an earlier request on the connection has started, or that
+ * request was complete and the error is about the next one pipelined behind
+ * it, a 400 written now would land inside that response or be taken as its
+ * answer. Then the connection is only closed. (`_httpMessage` is the
+ * response Node's own handler checks.)
+ */
 function rejectMalformed (err: Error & { code?: string }, socket: Duplex): void {
   if (err.code === 'ECONNRESET' || socket.destroyed) return
+  if (answerUnderWay(socket)) {
+    socket.destroy()
+    return
+  }
   const [status, code, message] = CLIENT_ERRORS[err.code ?? ''] ?? [400, 'bad_request', 'malformed HTTP request']
   writeRawError(socket, status, code, message)
+}
+
+type Refusal = readonly [status: number, code: string, message: string]
+
+// Node lets one header name repeated many times past its maxHeaderSize (seen:
+// 3000 × "a: 1", 18 KiB, accepted), so the total is counted here too.
+const MAX_HEADER_BYTES = 16 * 1024
+// Node keeps ~1000 header lines (rawHeaders entries capped near 2000) and drops
+// the rest without a word: a request that reaches the cap is refused whole.
+const MAX_RAW_HEADER_ENTRIES = 2000
+const FORWARDED_METHODS = new Set<string>(PROXY_METHODS)
+const ALLOW = PROXY_METHODS.join(', ')
+
+/**
+ * Everything refused before routing, in order: who is asking, how, for what.
+ * Returns the refusal, or undefined to let the request through.
+ */
+function requestGuard (config: Config): (raw: IncomingMessage) => Refusal | undefined {
+  const allowed = allowList(config.allowFrom)
+  const checkedPeers = new WeakMap<object, boolean>()
+  const required = config.requireHeader
+  const maxBody = config.maxBodyBytes
+  return (raw) => {
+    // Checked once per connection: the peer of a socket does not change.
+    let peerOk = checkedPeers.get(raw.socket)
+    if (peerOk === undefined) {
+      peerOk = peerAllowed(allowed, raw.socket.remoteAddress)
+      checkedPeers.set(raw.socket, peerOk)
+    }
+    if (!peerOk) return [403, 'forbidden_source', 'this source address may not use the proxy (COS_ALLOW_FROM)']
+    const rawHeaders = raw.rawHeaders
+    let headerBytes = 0
+    let requiredSeen = 0
+    for (let i = 0; i < rawHeaders.length; i += 2) {
+      const name = rawHeaders[i] as string
+      headerBytes += name.length + (rawHeaders[i + 1] as string).length + 4
+      if (required !== undefined && name.length === required.name.length && name.toLowerCase() === required.name) requiredSeen++
+    }
+    if (headerBytes > MAX_HEADER_BYTES || rawHeaders.length >= MAX_RAW_HEADER_ENTRIES) {
+      return [431, 'request_header_fields_too_large', 'the request headers exceed 16 KiB']
+    }
+    if (!FORWARDED_METHODS.has(raw.method ?? '')) return [405, 'method_not_allowed', `${raw.method ?? ''} is not forwarded (TRACE could echo the token back)`]
+    if (raw.headers.upgrade !== undefined) return [405, 'method_not_allowed', 'protocol upgrades (WebSocket) are not supported']
+    const problem = targetProblem(raw.url ?? '', config.routes)
+    if (problem !== undefined) return [400, 'bad_request', problem]
+    // Node joins a repeated header into one value, so "sent twice" is counted on the raw lines.
+    if (required !== undefined && (requiredSeen !== 1 || !hasRequiredHeader(required, raw.headers[required.name]))) {
+      return [403, 'missing_required_header', `requests must carry the ${required.name} header once (COS_REQUIRE_HEADER)`]
+    }
+    if (maxBody > 0 && Number(raw.headers['content-length'] ?? 0) > maxBody) {
+      return [413, 'payload_too_large', `request bodies are limited to ${maxBody} bytes (COS_MAX_BODY_BYTES)`]
+    }
+    return undefined
+  }
+}
+
+/**
+ * Closes connections that sit without a request in flight for longer than
+ * the keep-alive timeout. Node's own keep-alive timer is a socket timeout,
+ * which any byte resets (a client can trickle empty lines forever), and a
+ * connection that never sends a byte has no timer at all: either could hold
+ * a slot of COS_MAX_CONNECTIONS indefinitely. Per request this costs a Map
+ * delete and set; the sweep runs once a second.
+ */
+function reapIdleConnections (server: Server, idleMs: number): void {
+  const idleSince = new Map<Socket, number>()
+  server.on('connection', (socket: Socket) => {
+    idleSince.set(socket, performance.now())
+    socket.once('close', () => idleSince.delete(socket))
+  })
+  server.on('request', (req: IncomingMessage, res: ServerResponse) => {
+    const socket = req.socket
+    idleSince.delete(socket)
+    res.once('finish', () => { if (!socket.destroyed) idleSince.set(socket, performance.now()) })
+  })
+  const sweep = setInterval(() => {
+    const cutoff = performance.now() - idleMs
+    for (const [socket, since] of idleSince) {
+      if (since < cutoff) { idleSince.delete(socket); socket.destroy() }
+    }
+  }, Math.min(1000, idleMs)).unref()
+  server.once('close', () => clearInterval(sweep))
 }
 
 export interface ProxyServerOptions {
@@ -86,7 +186,14 @@ export function upstreamsFor (config: Config, logger: FastifyBaseLogger): Upstre
 export async function buildProxyServer (opts: ProxyServerOptions): Promise<FastifyInstance> {
   const { config } = opts
   const { client } = config
+  const guard = requestGuard(config)
   const app = Fastify({
+    // The router rejects a URL it cannot decode before any hook runs: answer
+    // it through the same checks (the source comes first) and error shape.
+    frameworkErrors: (error, request, reply) => {
+      reply.header('x-request-id', request.id)
+      refuse(reply, guard(request.raw) ?? [400, 'bad_request', error.code === 'FST_ERR_BAD_URL' ? 'malformed percent-encoding in path' : 'malformed request'])
+    },
     loggerInstance: opts.logger,
     logController: opts.requestLog ?? new RequestLog(opts.observer),
     requestIdHeader: false,
@@ -107,10 +214,12 @@ export async function buildProxyServer (opts: ProxyServerOptions): Promise<Fasti
     clientErrorHandler: rejectMalformed,
   })
   app.server.maxConnections = client.maxConnections
+  reapIdleConnections(app.server, client.keepAliveTimeoutMs)
   // CONNECT is handed to a 'connect' listener before routing; with none, Node
   // would drop the socket without an answer.
   app.server.on('connect', (_req: IncomingMessage, socket: Duplex) => {
-    writeRawError(socket, 400, 'bad_request', 'CONNECT is not supported: this is not a forward proxy')
+    if (answerUnderWay(socket)) socket.destroy()
+    else writeRawError(socket, 400, 'bad_request', 'CONNECT is not supported: this is not a forward proxy')
   })
   // Declared up front so every request object has the same shape.
   app.decorateRequest('upstreamStart', 0)
@@ -121,45 +230,16 @@ export async function buildProxyServer (opts: ProxyServerOptions): Promise<Fasti
 
   // Refused before the body is read: close the connection rather than have
   // Node read (and discard) a body nobody wants to keep the socket alive.
-  const refuse = (reply: FastifyReply, status: number, code: string, message: string): void => {
+  const refuse = (reply: FastifyReply, [status, code, message]: Refusal): void => {
     reply.header('connection', 'close')
+    if (status === 405) reply.header('allow', ALLOW)
     sendError(reply, status, code, message)
   }
-  const allowed = allowList(config.allowFrom)
-  const checkedPeers = new WeakMap<object, boolean>()
-  const required = config.requireHeader
-  const maxBody = config.maxBodyBytes
   app.addHook('onRequest', (request, reply, done) => {
     reply.header('x-request-id', request.id)
-    const raw = request.raw
-    // Checked once per connection: the peer of a socket does not change.
-    let peerOk = checkedPeers.get(raw.socket)
-    if (peerOk === undefined) {
-      peerOk = peerAllowed(allowed, raw.socket.remoteAddress)
-      checkedPeers.set(raw.socket, peerOk)
-    }
-    if (!peerOk) {
-      refuse(reply, 403, 'forbidden_source', 'this source address may not use the proxy (COS_ALLOW_FROM)')
-      return
-    }
-    if (raw.headers.upgrade !== undefined) {
-      refuse(reply, 405, 'method_not_allowed', 'protocol upgrades (WebSocket) are not supported')
-      return
-    }
-    const problem = targetProblem(raw.url ?? '', config.routes)
-    if (problem !== undefined) {
-      refuse(reply, 400, 'bad_request', problem)
-      return
-    }
-    if (required !== undefined && !hasRequiredHeader(required, raw.headers[required.name])) {
-      refuse(reply, 403, 'missing_required_header', `requests must carry the ${required.name} header (COS_REQUIRE_HEADER)`)
-      return
-    }
-    if (maxBody > 0 && Number(raw.headers['content-length'] ?? 0) > maxBody) {
-      refuse(reply, 413, 'payload_too_large', `request bodies are limited to ${maxBody} bytes (COS_MAX_BODY_BYTES)`)
-      return
-    }
-    done()
+    const refusal = guard(request.raw)
+    if (refusal === undefined) done()
+    else refuse(reply, refusal)
   })
 
   app.setNotFoundHandler((request, reply) => {
@@ -181,8 +261,8 @@ export async function buildProxyServer (opts: ProxyServerOptions): Promise<Fasti
     routes: config.routes,
     credentials: opts.credentials,
     upstreams,
-    ...(required === undefined ? {} : { dropHeader: required.name }),
-    maxBodyBytes: maxBody,
+    ...(config.requireHeader === undefined ? {} : { dropHeader: config.requireHeader.name }),
+    maxBodyBytes: config.maxBodyBytes,
     ...(opts.observer === undefined ? {} : { observer: opts.observer }),
     ...(opts.resyncCredentials === undefined ? {} : { resyncCredentials: opts.resyncCredentials }),
   })

@@ -141,7 +141,9 @@ t.test('SIGTERM drains: readiness 503 at once, health stays 200, the in-flight r
   const { code, ms } = await s.exited
   t.equal(code, 0, 'exit 0')
   t.ok(ms < 5000, `exited ${ms} ms after SIGTERM, without waiting on the idle keep-alive connection`)
-  const msgs = s.lines().map(l => l.msg)
+  // Ordered by time: pino writes asynchronously, and under a pipe that pushes
+  // back, lines a few ms apart can reach stdout out of order.
+  const msgs = s.lines().sort((a, b) => String(a.time).localeCompare(String(b.time))).map(l => l.msg)
   t.ok(msgs.indexOf('draining: readiness is now 503') < msgs.lastIndexOf('request'), 'drain began before the in-flight request finished')
   t.equal(msgs.at(-1), 'stopped', JSON.stringify(s.lines().slice(-6)))
 })
