@@ -76,6 +76,18 @@ class BodyLimit extends Transform {
   }
 }
 
+// Headers some frameworks honour to change the method: on a route limited to
+// some methods they must not name another.
+const METHOD_OVERRIDES = ['x-http-method-override', 'x-http-method', 'x-method-override'] as const
+
+function overridesMethod (headers: IncomingHttpHeaders, allowed: readonly string[]): boolean {
+  for (const name of METHOD_OVERRIDES) {
+    const value = headers[name]
+    if (value !== undefined && (typeof value !== 'string' || !allowed.includes(value.trim().toUpperCase()))) return true
+  }
+  return false
+}
+
 function causedBy (err: unknown, code: string): boolean {
   for (let e = err, depth = 0; e instanceof Error && depth < 5; e = e.cause, depth++) {
     if ((e as { code?: string }).code === code) return true
@@ -155,7 +167,7 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
   // Callback style: replying without calling done() ends the request here.
   function admit (request: FastifyRequest, reply: FastifyReply, done: () => void): void {
     const allowed = request.routeOptions.config.allowedMethods
-    if (allowed !== undefined && !allowed.includes(request.method)) {
+    if (allowed !== undefined && (!allowed.includes(request.method) || overridesMethod(request.headers, allowed))) {
       reply.header('allow', allowed.join(', '))
       sendError(reply, 405, 'method_not_allowed', `${request.method} is not allowed on this route`)
       return
