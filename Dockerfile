@@ -1,0 +1,67 @@
+# cos-auth-proxy container image.
+#
+#   docker build -t cos-auth-proxy .            (or: podman build --format docker …)
+#   docker run --rm --read-only --cap-drop=ALL \
+#     -e COS_MANAGEMENT_API_URL=https://… -e COS_OPTIMIZE_API_URL=https://… \
+#     -e COS_ACCESS_KEY_FILE=/var/run/secrets/cos/access-key \
+#     -e COS_ACCESS_KEY_SECRET_FILE=/var/run/secrets/cos/access-key-secret \
+#     -v "$PWD/creds:/var/run/secrets/cos:ro" cos-auth-proxy
+#
+# Two stages: build on the full Node image (npm ci, tsc, prune to production
+# dependencies), run on distroless Node (no shell, no npm, no package manager,
+# user 65532). Only dist/, the production node_modules and package.json reach
+# the final image; .dockerignore keeps everything else (.env, keys, tests, git)
+# out of the build context altogether.
+#
+# Pin the bases by digest in your own builds, e.g.
+#   FROM node:24-bookworm-slim@sha256:<digest>
+# No heredoc RUN and no COPY --link: podman 4.3 / buildah 1.28 cannot build them.
+
+FROM node:24-bookworm-slim AS build
+# Marks the throw-away build stage, so local builds can prune old ones.
+LABEL cos-auth-proxy.stage=build
+WORKDIR /src
+# Dependencies first: this layer is reused until package*.json change.
+# --ignore-scripts: no dependency runs code at install time (tsc needs none).
+# (No RUN --mount=type=cache: the npm cache stays in this throw-away stage.)
+COPY package.json package-lock.json ./
+RUN npm ci --no-audit --no-fund --ignore-scripts --loglevel=error
+COPY tsconfig.json tsconfig.build.json ./
+COPY src ./src
+# Then production dependencies only, without the packages' own test suites
+# (they hold fixtures such as private keys that image scanners flag, and are
+# never loaded at run time).
+RUN npm run build \
+ && npm prune --omit=dev --no-audit --no-fund --ignore-scripts --loglevel=error \
+ && find node_modules -type d \( -name test -o -name tests -o -name __tests__ \) -prune -exec rm -rf {} + \
+ && rm -rf node_modules/.cache
+
+FROM gcr.io/distroless/nodejs24-debian12:nonroot
+ARG VERSION=0.1.0
+ARG REVISION=unknown
+LABEL org.opencontainers.image.title="cos-auth-proxy" \
+      org.opencontainers.image.description="Credential-injecting sidecar for the Cluster Optimization Service APIs: signs every request with a fresh Bearer token." \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.base.name="gcr.io/distroless/nodejs24-debian12:nonroot"
+# The admin listener (/healthz, /readyz, /metrics) must be reachable by the
+# kubelet or the container engine; the proxy port keeps its loopback default
+# (COS_LISTEN_HOST=127.0.0.1): set COS_LISTEN_HOST=0.0.0.0 and COS_ALLOW_FROM
+# to serve other hosts.
+ENV NODE_ENV=production \
+    COS_ADMIN_HOST=0.0.0.0
+WORKDIR /app
+# Owned by root and not writable by the runtime user: the process cannot
+# change its own code. The root filesystem can be mounted read-only.
+COPY --from=build /src/package.json ./package.json
+COPY --from=build /src/node_modules ./node_modules
+COPY --from=build /src/dist ./dist
+USER 65532:65532
+EXPOSE 8080 9090
+# No shell and no curl here: the CLI's own `wait` polls the admin /readyz.
+HEALTHCHECK --interval=10s --timeout=5s --start-period=15s --retries=3 \
+  CMD ["/nodejs/bin/node", "/app/dist/cli.js", "wait", "--timeout", "3"]
+# node is PID 1 and handles SIGTERM itself: drain, then exit 0.
+ENTRYPOINT ["/nodejs/bin/node", "/app/dist/cli.js"]
+CMD ["serve"]

