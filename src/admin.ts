@@ -16,6 +16,11 @@ export interface AdminOptions {
   readonly logger?: FastifyBaseLogger | false
 }
 
+/** Whether a peer is the pod itself. */
+export function isLoopbackPeer (address: string | undefined): boolean {
+  return address !== undefined && (address === '::1' || address.startsWith('127.') || address.startsWith('::ffff:127.'))
+}
+
 // Path → methods it answers, for 405 + Allow on the others (Fastify itself 404s them).
 const ALLOW: ReadonlyMap<string, string> = new Map([
   ['/healthz', 'GET, HEAD'],
@@ -95,7 +100,14 @@ export function buildAdminServer (opts: AdminOptions): FastifyInstance {
   })
 
   let quitting = false
+  // The admin port listens on 0.0.0.0 in a pod so the kubelet can probe it;
+  // stopping the proxy is for the pod's own containers (a Job's main
+  // container), so only loopback peers may ask.
   app.post('/quitquitquit', (request, reply) => {
+    if (!isLoopbackPeer(request.socket.remoteAddress)) {
+      void reply.code(403).send({ error: { code: 'forbidden_source', message: 'only the pod itself (loopback) may stop the proxy' } })
+      return
+    }
     void reply.code(202).send({ status: 'draining' })
     if (quitting) return
     quitting = true
