@@ -1,0 +1,572 @@
+// Benchmark plumbing shared by run.ts and profile.ts: child processes (always
+// cleaned up), CPU pinning, /proc accounting and one autocannon run with
+// sub-millisecond latencies.
+import { execFileSync, spawn, type ChildProcess } from 'node:child_process'
+import { randomBytes } from 'node:crypto'
+import { existsSync, mkdtempSync, openSync, closeSync, readFileSync, rmSync } from 'node:fs'
+import { Agent, get as httpGet } from 'node:http'
+import { createServer, type AddressInfo } from 'node:net'
+import { availableParallelism, cpus, tmpdir } from 'node:os'
+import { dirname, join } from 'node:path'
+import { createInterface } from 'node:readline'
+import { setTimeout as sleep } from 'node:timers/promises'
+import { fileURLToPath } from 'node:url'
+import autocannon from 'autocannon'
+
+export const BENCH_DIR = dirname(fileURLToPath(import.meta.url))
+export const ROOT = dirname(BENCH_DIR)
+export const CLI = join(ROOT, 'dist', 'cli.js')
+
+// ---------------------------------------------------------------------------
+// The machine and where each process runs.
+
+export interface Machine {
+  readonly cpuModel: string
+  readonly cores: number
+  readonly node: string
+  readonly platform: string
+  readonly clockTicks: number
+}
+
+function clockTicks (): number {
+  try {
+    const n = Number(execFileSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }).trim())
+    return Number.isInteger(n) && n > 0 ? n : 100
+  } catch {
+    return 100 // USER_HZ on every Linux in practice
+  }
+}
+
+export function machine (): Machine {
+  let cpuModel = cpus()[0]?.model ?? 'unknown'
+  try {
+    const line = readFileSync('/proc/cpuinfo', 'utf8').split('\n').find(l => l.startsWith('model name'))
+    if (line !== undefined) cpuModel = line.slice(line.indexOf(':') + 1).trim()
+  } catch { /* not Linux: os.cpus() is as good */ }
+  return { cpuModel, cores: availableParallelism(), node: process.version, platform: `${process.platform} ${process.arch}`, clockTicks: clockTicks() }
+}
+
+/**
+ * The server under test (proxy, floor, or the upstream when measured
+ * directly) gets core 1 to itself; the load generator (this process) gets core
+ * 0, and the upstream core 2 when there is one, else core 0 as well.
+ */
+export interface Pinning {
+  readonly enabled: boolean
+  readonly loadgen?: number
+  readonly upstream?: number
+  readonly sut?: number
+  readonly description: string
+}
+
+function hasTaskset (): boolean {
+  try {
+    execFileSync('taskset', ['-V'], { stdio: 'ignore' })
+    return true
+  } catch {
+    return false
+  }
+}
+
+export function choosePinning (cores: number, wanted: boolean): Pinning {
+  if (!wanted) return { enabled: false, description: 'not pinned (--no-pin)' }
+  if (process.platform !== 'linux' || !hasTaskset()) return { enabled: false, description: 'not pinned (no taskset)' }
+  if (cores < 2) return { enabled: false, description: 'not pinned (1 core)' }
+  const upstream = cores >= 3 ? 2 : 0
+  return {
+    enabled: true,
+    loadgen: 0,
+    upstream,
+    sut: 1,
+    description: `server under test on core 1 alone; load generator on core 0; upstream on core ${upstream}` +
+      ' (moved to core 1 while it is measured directly)',
+  }
+}
+
+/** Sets the CPU affinity of every thread of a running process. */
+export function pinProcess (pid: number, core: number | undefined): void {
+  if (core === undefined) return
+  execFileSync('taskset', ['-a', '-p', '-c', String(core), String(pid)], { stdio: 'ignore' })
+}
+
+// ---------------------------------------------------------------------------
+// /proc accounting (Linux).
+
+/** utime + stime of a process, in clock ticks. */
+export function cpuTicks (pid: number): number {
+  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8')
+  // The command name (field 2) is in parentheses and may contain spaces.
+  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ')
+  return Number(fields[11]) + Number(fields[12]) // fields 14 and 15 of proc(5)
+}
+
+/**
+ * A `Vm*` line of /proc/<pid>/status in MB (10^6 bytes, the issue's unit; the
+ * kernel's "kB" is KiB). VmHWM is the peak RSS over the process's whole life.
+ */
+export function vmMB (pid: number, field: 'VmRSS' | 'VmHWM'): number {
+  const status = readFileSync(`/proc/${pid}/status`, 'utf8')
+  const match = new RegExp(`^${field}:\\s+(\\d+) kB`, 'm').exec(status)
+  return match?.[1] === undefined ? Number.NaN : Number(match[1]) * 1024 / 1e6
+}
+
+/**
+ * Busy ticks of the whole machine (user, nice, system, irq, softirq, steal:
+ * everything but idle and iowait), from /proc/stat. Less what our own
+ * processes used, it says how much else ran during a measurement: on a
+ * shared machine, that is the noise in the figures.
+ */
+export function machineBusyTicks (): number {
+  const line = readFileSync('/proc/stat', 'utf8').split('\n', 1)[0] ?? ''
+  const [, user = 0, nice = 0, system = 0, , , irq = 0, softirq = 0, steal = 0] = line.trim().split(/\s+/).map(Number)
+  return user + nice + system + irq + softirq + steal
+}
+
+// ---------------------------------------------------------------------------
+// Child processes. Every one is registered so that it is stopped on normal
+// exit, on an error and on Ctrl-C.
+
+export interface Child {
+  readonly name: string
+  readonly pid: number
+  readonly proc: ChildProcess
+  readonly exited: Promise<void>
+  exitCode?: number | null
+}
+
+const children = new Set<Child>()
+
+export interface SpawnOptions {
+  readonly env?: NodeJS.ProcessEnv
+  readonly cwd?: string
+  /** Run under `taskset -c <core>` (taskset execs node: the pid is node's). */
+  readonly core?: number
+  /** Where stdout goes: piped to us, or an already open file descriptor. */
+  readonly stdout?: 'pipe' | number
+  readonly nodeArgs?: readonly string[]
+}
+
+export function spawnNode (name: string, script: string, args: readonly string[], opts: SpawnOptions = {}): Child {
+  const nodeArgv = [...(opts.nodeArgs ?? []), script, ...args]
+  const [command, argv] = opts.core === undefined
+    ? [process.execPath, nodeArgv]
+    : ['taskset', ['-c', String(opts.core), process.execPath, ...nodeArgv]]
+  // stdin is a pipe the child never gets data from: our own bench children
+  // exit when it closes, so they do not outlive a killed benchmark.
+  const proc = spawn(command, argv, {
+    cwd: opts.cwd ?? ROOT,
+    env: opts.env ?? process.env,
+    stdio: ['pipe', opts.stdout ?? 'pipe', 'pipe'],
+  })
+  if (proc.pid === undefined) throw new Error(`${name}: could not start ${command}`)
+  let stderr = ''
+  proc.stderr?.setEncoding('utf8')
+  proc.stderr?.on('data', (s: string) => { if (stderr.length < 4000) stderr += s })
+  const child: Child = {
+    name,
+    pid: proc.pid,
+    proc,
+    exited: new Promise<void>(resolve => {
+      proc.once('exit', code => {
+        child.exitCode = code
+        children.delete(child)
+        if (code !== 0 && code !== null && !stopping.has(child)) process.stderr.write(`bench: ${name} exited with ${code}\n${stderr}`)
+        resolve()
+      })
+    }),
+  }
+  children.add(child)
+  return child
+}
+
+const stopping = new Set<Child>()
+
+/** SIGTERM, then SIGKILL if it has not exited after `graceMs`. */
+export async function stopChild (child: Child, graceMs = 3000): Promise<void> {
+  if (!children.has(child)) return
+  stopping.add(child)
+  child.proc.kill('SIGTERM')
+  const timer = setTimeout(() => child.proc.kill('SIGKILL'), graceMs)
+  await child.exited
+  clearTimeout(timer)
+  stopping.delete(child)
+}
+
+export async function stopAll (): Promise<void> {
+  await Promise.all([...children].map(c => stopChild(c, 1500)))
+}
+
+let handlersInstalled = false
+
+/** Ctrl-C, SIGTERM and any exit path stop the children. */
+export function installCleanup (): void {
+  if (handlersInstalled) return
+  handlersInstalled = true
+  // Last resort, synchronous: whatever is still alive when we exit is killed.
+  process.on('exit', () => { for (const c of children) c.proc.kill('SIGKILL') })
+  for (const signal of ['SIGINT', 'SIGTERM'] as const) {
+    process.once(signal, () => {
+      process.stderr.write(`\nbench: ${signal}: stopping ${children.size} child process(es)\n`)
+      stopAll().finally(() => process.exit(130))
+    })
+  }
+}
+
+/** The first line a child writes on stdout, parsed as JSON. */
+export async function firstJsonLine (child: Child, timeoutMs = 10_000): Promise<Record<string, unknown>> {
+  const stdout = child.proc.stdout
+  if (stdout === null) throw new Error(`${child.name}: stdout is not piped`)
+  const lines = createInterface({ input: stdout })
+  const timeout = new AbortController()
+  try {
+    const line = await Promise.race([
+      new Promise<string>(resolve => lines.once('line', resolve)),
+      child.exited.then(() => { throw new Error(`${child.name} exited before it was ready`) }),
+      sleep(timeoutMs, undefined, { signal: timeout.signal }).then(() => { throw new Error(`${child.name} not ready after ${timeoutMs} ms`) }),
+    ])
+    return JSON.parse(line) as Record<string, unknown>
+  } finally {
+    timeout.abort()
+    lines.close()
+  }
+}
+
+export async function freePort (): Promise<number> {
+  const server = createServer()
+  await new Promise<void>(resolve => server.listen(0, '127.0.0.1', resolve))
+  const { port } = server.address() as AddressInfo
+  await new Promise<void>(resolve => server.close(() => resolve()))
+  return port
+}
+
+function statusOf (url: string): Promise<number> {
+  return new Promise(resolve => {
+    // agent:false: no keep-alive connection lingers into the measurement.
+    const req = httpGet(url, { agent: false }, res => { res.resume(); resolve(res.statusCode ?? 0) })
+    req.on('error', () => resolve(0))
+  })
+}
+
+/** Polls `url` until it answers 200 (through the proxy: the whole path works). */
+export async function waitFor200 (child: Child, url: string, timeoutMs = 10_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs
+  while (Date.now() < deadline) {
+    if (!children.has(child)) throw new Error(`${child.name} exited before it was ready`)
+    if (await statusOf(url) === 200) return
+    await sleep(20)
+  }
+  throw new Error(`${child.name}: ${url} did not answer 200 within ${timeoutMs} ms`)
+}
+
+export function scratchDir (): { path: string, remove: () => void } {
+  const path = mkdtempSync(join(tmpdir(), 'cos-bench-'))
+  return { path, remove: () => { rmSync(path, { recursive: true, force: true }) } }
+}
+
+export function openLog (path: string): { fd: number, close: () => void } {
+  const fd = openSync(path, 'w')
+  return { fd, close: () => { closeSync(fd) } }
+}
+
+// ---------------------------------------------------------------------------
+// The servers.
+
+/**
+ * Environment for the real proxy: ours only. COS_* variables from the
+ * caller's shell are dropped (they could point a route at a real API), and
+ * the proxy runs in a scratch directory, so no .env file is read either.
+ */
+export function proxyEnv (upstreamUrl: string, listenPort: number, logLevel: string): NodeJS.ProcessEnv {
+  const env: NodeJS.ProcessEnv = {}
+  for (const [k, v] of Object.entries(process.env)) if (!k.startsWith('COS_')) env[k] = v
+  return {
+    ...env,
+    COS_API_URL: upstreamUrl,
+    // Throwaway literal pair: nothing ever verifies these tokens.
+    COS_ACCESS_KEY: 'bench-access-key',
+    COS_ACCESS_KEY_SECRET: randomBytes(30).toString('base64'),
+    COS_LISTEN_HOST: '127.0.0.1',
+    COS_LISTEN_PORT: String(listenPort),
+    COS_ADMIN_HOST: '127.0.0.1',
+    COS_ADMIN_PORT: '0',
+    COS_LOG_LEVEL: logLevel,
+    COS_SHUTDOWN_TIMEOUT_MS: '1000',
+  }
+}
+
+export interface Upstream { readonly child: Child, readonly url: string, readonly smallBytes: number }
+
+export async function startUpstream (core: number | undefined): Promise<Upstream> {
+  const child = spawnNode('upstream', join(BENCH_DIR, 'upstream.mjs'), [], { ...(core === undefined ? {} : { core }) })
+  const ready = await firstJsonLine(child)
+  return { child, url: `http://127.0.0.1:${String(ready.port)}`, smallBytes: Number(ready.smallBytes) }
+}
+
+export interface Server { readonly child: Child, readonly url: string, readonly logFile?: string }
+
+export interface ProxyStart {
+  readonly upstreamUrl: string
+  readonly logLevel: string
+  /** stdout (the pino log) goes here. */
+  readonly logFile: string
+  readonly cwd: string
+  readonly core: number | undefined
+  readonly nodeArgs?: readonly string[]
+}
+
+export async function startProxy (s: ProxyStart): Promise<Server> {
+  const port = await freePort()
+  const log = openLog(s.logFile)
+  let child: Child
+  try {
+    child = spawnNode('proxy', CLI, ['serve'], {
+      env: proxyEnv(s.upstreamUrl, port, s.logLevel),
+      cwd: s.cwd,
+      stdout: log.fd,
+      ...(s.core === undefined ? {} : { core: s.core }),
+      ...(s.nodeArgs === undefined ? {} : { nodeArgs: s.nodeArgs }),
+    })
+  } finally {
+    log.close() // the child has its own copy of the descriptor
+  }
+  const url = `http://127.0.0.1:${port}`
+  await waitFor200(child, url + '/ready')
+  return { child, url, logFile: s.logFile }
+}
+
+export async function startFloor (upstreamUrl: string, core: number | undefined, nodeArgs?: readonly string[]): Promise<Server> {
+  const child = spawnNode('floor', join(BENCH_DIR, 'floor.mjs'), [], {
+    env: { ...process.env, BENCH_UPSTREAM: upstreamUrl },
+    ...(core === undefined ? {} : { core }),
+    ...(nodeArgs === undefined ? {} : { nodeArgs }),
+  })
+  const ready = await firstJsonLine(child)
+  const url = `http://127.0.0.1:${String(ready.port)}`
+  await waitFor200(child, url + '/ready')
+  return { child, url }
+}
+
+// ---------------------------------------------------------------------------
+// Load.
+
+export interface Load {
+  readonly url: string
+  readonly connections: number
+  /** Seconds (unless `amount` is given). */
+  readonly duration?: number
+  readonly amount?: number
+  readonly overallRate?: number
+  readonly method?: 'GET' | 'POST'
+  readonly body?: Buffer
+  readonly headers?: Record<string, string>
+}
+
+export interface Latency { readonly p50: number, readonly p90: number, readonly p99: number, readonly max: number, readonly mean: number }
+
+export interface LoadResult {
+  /** Completed. */
+  readonly requests: number
+  /** Sent (includes those cut off in flight when the run stopped). */
+  readonly sent: number
+  readonly seconds: number
+  readonly rps: number
+  readonly bytes: number
+  /** ms, from every 2xx response (autocannon's own histogram rounds to whole ms). */
+  readonly latency: Latency
+  readonly errors: number
+  readonly non2xx: number
+}
+
+/** Grows as needed; one Float64Array, no per-sample objects. */
+class Samples {
+  #data = new Float64Array(1 << 16)
+  #n = 0
+  add (v: number): void {
+    if (this.#n === this.#data.length) {
+      const next = new Float64Array(this.#data.length * 2)
+      next.set(this.#data)
+      this.#data = next
+    }
+    this.#data[this.#n++] = v
+  }
+
+  latency (): Latency {
+    const sorted = this.#data.subarray(0, this.#n).sort()
+    const at = (q: number): number => sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))] ?? Number.NaN
+    let sum = 0
+    for (const v of sorted) sum += v
+    return { p50: at(0.5), p90: at(0.9), p99: at(0.99), max: sorted[sorted.length - 1] ?? Number.NaN, mean: sum / sorted.length }
+  }
+}
+
+export async function runLoad (load: Load): Promise<LoadResult> {
+  const samples = new Samples()
+  const instance = autocannon({
+    url: load.url,
+    connections: load.connections,
+    pipelining: 1,
+    // Keep-alive is autocannon's only mode: each connection is reused.
+    ...(load.amount === undefined ? { duration: load.duration ?? 5 } : { amount: load.amount }),
+    ...(load.overallRate === undefined ? {} : { overallRate: load.overallRate }),
+    ...(load.method === undefined ? {} : { method: load.method }),
+    ...(load.body === undefined ? {} : { body: load.body }),
+    ...(load.headers === undefined ? {} : { headers: load.headers }),
+    timeout: 30,
+  })
+  instance.on('response', (_client: unknown, status: number, _bytes: number, ms: number) => {
+    if (status >= 200 && status < 300) samples.add(ms)
+  })
+  const r = await instance
+  const requests = r.requests.total
+  return {
+    requests,
+    sent: r.requests.sent,
+    seconds: r.duration,
+    rps: requests / r.duration,
+    bytes: r.throughput.total,
+    latency: samples.latency(),
+    errors: r.errors + r.timeouts,
+    non2xx: r.non2xx,
+  }
+}
+
+/**
+ * Open-loop load at a steady rate: one GET every 1/rate s on a keep-alive
+ * agent, each sent on time whether or not earlier ones have been answered.
+ * autocannon's overallRate is not that: each connection sends its per-second
+ * quota back to back at every 1 s tick, so with N connections the "fixed
+ * rate" is a burst at concurrency N and its latency is mostly queueing.
+ */
+export async function runPaced (url: string, rate: number, seconds: number): Promise<LoadResult> {
+  const agent = new Agent({ keepAlive: true, maxSockets: 64 })
+  const total = Math.round(rate * seconds)
+  const intervalMs = 1000 / rate
+  const samples = new Samples()
+  let sent = 0
+  let done = 0
+  let errors = 0
+  let non2xx = 0
+  let bytes = 0
+  const t0 = performance.now()
+  await new Promise<void>(resolve => {
+    const finished = (): void => { if (++done === total) resolve() }
+    const fire = (): void => {
+      const start = performance.now()
+      const req = httpGet(url, { agent }, res => {
+        res.on('data', (chunk: Buffer) => { bytes += chunk.length })
+        res.on('end', () => {
+          const status = res.statusCode ?? 0
+          if (status >= 200 && status < 300) samples.add(performance.now() - start)
+          else non2xx++
+          finished()
+        })
+      })
+      req.on('error', () => { errors++; finished() })
+    }
+    // Timers fire late by up to a millisecond or so: send whatever is due.
+    const tick = (): void => {
+      const due = Math.min(total, Math.floor((performance.now() - t0) / intervalMs) + 1)
+      while (sent < due) { sent++; fire() }
+      if (sent < total) setTimeout(tick, Math.max(0, t0 + sent * intervalMs - performance.now()))
+    }
+    tick()
+  })
+  const secondsRun = (performance.now() - t0) / 1000
+  agent.destroy()
+  return { requests: done - errors, sent, seconds: secondsRun, rps: (done - errors) / secondsRun, bytes, latency: samples.latency(), errors, non2xx }
+}
+
+// ---------------------------------------------------------------------------
+// One measurement: a load run plus what it cost the processes involved.
+
+export interface Cost {
+  /** CPU ms per 1,000 requests of the server under test. */
+  readonly cpuMsPer1k: number
+  /** Share of its core the server under test used while loaded (1 = saturated). */
+  readonly sutBusy: number
+  readonly upstreamBusy?: number
+  readonly loadgenBusy: number
+  /** Cores' worth of CPU that other processes (or the hypervisor: steal) used meanwhile. */
+  readonly otherLoad: number
+}
+
+/**
+ * Starts counting; the function it returns gives the cores' worth of CPU that
+ * processes other than `pids` and this one used since (machine busy ticks
+ * less ours). Near 0 on a quiet machine.
+ */
+export function noiseProbe (pids: readonly number[], ticksPerSecond: number): () => number {
+  const ours = (): number => pids.reduce((n, pid) => n + cpuTicks(pid), 0)
+  const all0 = machineBusyTicks()
+  const ours0 = ours()
+  const me0 = process.cpuUsage()
+  const t0 = performance.now()
+  return () => {
+    const me = process.cpuUsage(me0)
+    const meTicks = (me.user + me.system) / 1e6 * ticksPerSecond
+    const otherTicks = machineBusyTicks() - all0 - (ours() - ours0) - meTicks
+    // Tick granularity makes small negative values possible.
+    return Math.max(0, otherTicks / ticksPerSecond / ((performance.now() - t0) / 1000))
+  }
+}
+
+/**
+ * Waits (at most `maxMs`) for half a second in which other processes used
+ * less than `maxCores`; returns how long it waited. Idle time is cheaper
+ * than a measurement thrown away.
+ */
+export async function awaitQuiet (maxCores: number, maxMs: number, ticksPerSecond: number): Promise<number> {
+  const t0 = performance.now()
+  while (performance.now() - t0 < maxMs) {
+    const others = noiseProbe([], ticksPerSecond)
+    await sleep(500)
+    if (others() < maxCores) break
+  }
+  return performance.now() - t0
+}
+
+export interface Measured { readonly load: LoadResult, readonly cost: Cost }
+
+export async function measure (load: Load, sutPid: number, upstreamPid: number | undefined, ticksPerSecond: number): Promise<Measured> {
+  const ms = (ticks: number): number => ticks * 1000 / ticksPerSecond
+  const sut0 = cpuTicks(sutPid)
+  const up0 = upstreamPid === undefined ? 0 : cpuTicks(upstreamPid)
+  const me0 = process.cpuUsage()
+  const others = noiseProbe(upstreamPid === undefined ? [sutPid] : [sutPid, upstreamPid], ticksPerSecond)
+  const t0 = performance.now()
+  const result = await runLoad(load)
+  const wallMs = performance.now() - t0
+  const otherLoad = others()
+  const me = process.cpuUsage(me0)
+  const sutMs = ms(cpuTicks(sutPid) - sut0)
+  return {
+    load: result,
+    cost: {
+      cpuMsPer1k: sutMs / result.requests * 1000,
+      sutBusy: sutMs / wallMs,
+      ...(upstreamPid === undefined ? {} : { upstreamBusy: ms(cpuTicks(upstreamPid) - up0) / wallMs }),
+      loadgenBusy: (me.user + me.system) / 1000 / wallMs,
+      otherLoad,
+    },
+  }
+}
+
+/** How many per-request lines ("msg":"request") a pino log file holds. */
+export function countRequestLines (path: string): number {
+  if (!existsSync(path)) return 0
+  const buf = readFileSync(path)
+  const needle = Buffer.from('"msg":"request"')
+  let n = 0
+  for (let i = buf.indexOf(needle); i !== -1; i = buf.indexOf(needle, i + needle.length)) n++
+  return n
+}
+
+// ---------------------------------------------------------------------------
+// Statistics.
+
+export function median (values: readonly number[]): number {
+  const v = values.filter(x => !Number.isNaN(x)).sort((a, b) => a - b)
+  if (v.length === 0) return Number.NaN
+  const mid = v.length >> 1
+  return v.length % 2 === 1 ? v[mid] ?? Number.NaN : ((v[mid - 1] ?? 0) + (v[mid] ?? 0)) / 2
+}

@@ -1,0 +1,176 @@
+// CPU profile of the proxy (or the floor) under load, summarised: where the
+// time goes, in our code (dist/) and in the framework's (node_modules/).
+//
+//   npm run build && node --import tsx bench/profile.ts [--target proxy|floor] [--level info|warn] [--seconds 6] [--connections 32]
+//
+// The server runs with `node --cpu-prof`; the profile is written when it
+// exits, kept in bench/results/profiles/ (open it in Chrome DevTools or
+// VS Code) and summarised on stdout. Times are self time (the function's own
+// code) unless marked inclusive; percentages are of the non-idle samples,
+// start-up included (well under 5 % of a 6 s run).
+import { readdirSync, readFileSync, mkdirSync, copyFileSync } from 'node:fs'
+import { join } from 'node:path'
+import { parseArgs } from 'node:util'
+import { fixed, table } from './format.js'
+import {
+  BENCH_DIR, ROOT, choosePinning, installCleanup, machine, measure, pinProcess, runLoad, scratchDir, startFloor,
+  startProxy, startUpstream, stopAll, stopChild,
+} from './harness.js'
+
+interface CallFrame { readonly functionName: string, readonly url: string, readonly lineNumber: number }
+interface ProfileNode { readonly id: number, readonly callFrame: CallFrame, readonly children?: readonly number[] }
+interface CpuProfile { readonly nodes: readonly ProfileNode[], readonly samples: readonly number[], readonly timeDeltas: readonly number[] }
+
+/** Which code a frame belongs to: ours, an npm package, Node's own JS, or native/V8. */
+function category (frame: CallFrame): string {
+  const { url, functionName } = frame
+  if (url === '') return functionName.startsWith('(') ? functionName : 'native'
+  if (url.startsWith('node:')) return 'node core'
+  const nm = url.lastIndexOf('/node_modules/')
+  if (nm >= 0) {
+    const parts = url.slice(nm + '/node_modules/'.length).split('/')
+    return (parts[0]?.startsWith('@') === true ? `${parts[0]}/${parts[1] ?? ''}` : parts[0]) ?? 'npm'
+  }
+  if (url.includes('/dist/')) return 'ours'
+  if (url.includes('/bench/')) return 'bench'
+  return 'other'
+}
+
+function place (frame: CallFrame): string {
+  const file = frame.url.replace(/^file:\/\//, '').replace(ROOT + '/', '').replace(/^.*\/node_modules\//, '')
+  return file === '' ? '' : `${file}:${frame.lineNumber + 1}`
+}
+
+interface Row { readonly name: string, readonly where: string, readonly category: string, self: number, inclusive: number }
+
+interface Summary {
+  readonly totalMs: number
+  readonly idleMs: number
+  readonly byCategory: readonly { readonly category: string, readonly ms: number, readonly share: number }[]
+  readonly functions: readonly Row[]
+}
+
+function summarise (profile: CpuProfile): Summary {
+  const byId = new Map(profile.nodes.map(n => [n.id, n]))
+  const parent = new Map<number, number>()
+  for (const n of profile.nodes) for (const c of n.children ?? []) parent.set(c, n.id)
+  const rows = new Map<string, Row>()
+  const rowOf = (f: CallFrame): Row => {
+    const key = `${f.functionName}@${f.url}:${f.lineNumber}`
+    let r = rows.get(key)
+    if (r === undefined) {
+      r = { name: f.functionName === '' ? '(anonymous)' : f.functionName, where: place(f), category: category(f), self: 0, inclusive: 0 }
+      rows.set(key, r)
+    }
+    return r
+  }
+  let total = 0
+  let idle = 0
+  const { samples, timeDeltas } = profile
+  for (let i = 0; i < samples.length; i++) {
+    // A sample's duration is the gap to the next one.
+    const us = timeDeltas[i + 1] ?? 0
+    const node = byId.get(samples[i] ?? -1)
+    if (node === undefined) continue
+    total += us
+    if (node.callFrame.functionName === '(idle)') { idle += us; continue }
+    rowOf(node.callFrame).self += us
+    // Inclusive: once per distinct function on the stack (recursion counted once).
+    const seen = new Set<Row>()
+    for (let id: number | undefined = node.id; id !== undefined; id = parent.get(id)) {
+      const n = byId.get(id)
+      if (n === undefined || n.callFrame.functionName === '(root)') continue
+      const r = rowOf(n.callFrame)
+      if (!seen.has(r)) { seen.add(r); r.inclusive += us }
+    }
+  }
+  const busy = total - idle
+  const cats = new Map<string, number>()
+  for (const r of rows.values()) cats.set(r.category, (cats.get(r.category) ?? 0) + r.self)
+  return {
+    totalMs: total / 1000,
+    idleMs: idle / 1000,
+    byCategory: [...cats].map(([c, us]) => ({ category: c, ms: us / 1000, share: us / busy })).sort((a, b) => b.ms - a.ms),
+    functions: [...rows.values()].map(r => ({ ...r, self: r.self / 1000, inclusive: r.inclusive / 1000 })).sort((a, b) => b.self - a.self),
+  }
+}
+
+function report (s: Summary, top = 25): string {
+  const busy = s.totalMs - s.idleMs
+  const pct = (ms: number): string => fixed(ms / busy * 100, 1) + ' %'
+  const fnRow = (r: Row): (string | number)[] => [r.name, r.where, r.category, fixed(r.self, 0), pct(r.self), fixed(r.inclusive, 0), pct(r.inclusive)]
+  const head = ['function', 'where', 'code', 'self ms', 'self', 'inclusive ms', 'inclusive']
+  const framework = (r: Row): boolean => !['ours', 'node core', 'native', 'bench', 'other'].includes(r.category) && !r.category.startsWith('(')
+  return [
+    `profiled ${fixed(s.totalMs / 1000, 1)} s, busy ${fixed(busy / 1000, 1)} s (idle ${fixed(s.idleMs / 1000, 1)} s)`,
+    '',
+    '### Self time by code',
+    table(['code', 'self ms', 'share of busy'], s.byCategory.map(c => [c.category, fixed(c.ms, 0), fixed(c.share * 100, 1) + ' %'])),
+    '',
+    `### Top ${top} functions by self time`,
+    table(head, s.functions.slice(0, top).map(fnRow)),
+    '',
+    '### Top 10 in our code (dist/)',
+    table(head, s.functions.filter(r => r.category === 'ours').slice(0, 10).map(fnRow)),
+    '',
+    '### Top 10 in our code by inclusive time (what each of our functions costs with everything it calls)',
+    table(head, [...s.functions].filter(r => r.category === 'ours').sort((a, b) => b.inclusive - a.inclusive).slice(0, 10).map(fnRow)),
+    '',
+    '### Top 10 in framework code (node_modules/)',
+    table(head, s.functions.filter(framework).slice(0, 10).map(fnRow)),
+  ].join('\n')
+}
+
+async function main (): Promise<void> {
+  const { values } = parseArgs({
+    options: {
+      target: { type: 'string', default: 'proxy' },
+      level: { type: 'string', default: 'info' },
+      seconds: { type: 'string', default: '6' },
+      connections: { type: 'string', default: '32' },
+    },
+  })
+  if (values.target !== 'proxy' && values.target !== 'floor') throw new Error('--target must be proxy or floor')
+  installCleanup()
+  const m = machine()
+  const pin = choosePinning(m.cores, true)
+  pinProcess(process.pid, pin.loadgen)
+  const scratch = scratchDir()
+  try {
+    const upstream = await startUpstream(pin.upstream)
+    const nodeArgs = ['--cpu-prof', `--cpu-prof-dir=${scratch.path}`]
+    const server = values.target === 'floor'
+      ? await startFloor(upstream.url, pin.sut, nodeArgs)
+      : await startProxy({ upstreamUrl: upstream.url, logLevel: values.level, logFile: join(scratch.path, 'proxy.log'), cwd: scratch.path, core: pin.sut, nodeArgs })
+    const connections = Number(values.connections)
+    const url = server.url + '/api/v1/clusters'
+    await runLoad({ url, connections, duration: 1 })
+    const r = await measure({ url, connections, duration: Number(values.seconds) }, server.child.pid, upstream.child.pid, m.clockTicks)
+    await stopChild(server.child, 10_000) // the profile is written as it exits
+    await stopAll()
+    const file = readdirSync(scratch.path).find(f => f.endsWith('.cpuprofile'))
+    if (file === undefined) throw new Error('no .cpuprofile was written')
+    const outDir = join(BENCH_DIR, 'results', 'profiles')
+    mkdirSync(outDir, { recursive: true })
+    const kept = join(outDir, `${new Date().toISOString().replace(/\.\d+Z$/, 'Z').replace(/:/g, '-')}-${values.target}${values.target === 'proxy' ? '-' + values.level : ''}.cpuprofile`)
+    copyFileSync(join(scratch.path, file), kept)
+    const summary = summarise(JSON.parse(readFileSync(kept, 'utf8')) as CpuProfile)
+    process.stdout.write([
+      `# CPU profile: ${values.target}${values.target === 'proxy' ? ` at ${values.level}` : ''}, ${connections} connections, ${values.seconds} s`,
+      `machine: ${m.cpuModel}, ${m.cores} cores, Node ${m.node}; ${pin.description}`,
+      `load: ${fixed(r.load.rps)} req/s, ${fixed(r.cost.cpuMsPer1k)} CPU ms per 1,000 requests (profiling slows it), other processes ${fixed(r.cost.otherLoad, 2)} cores`,
+      `profile: ${kept.replace(ROOT + '/', '')}`,
+      '',
+      report(summary),
+    ].join('\n') + '\n')
+  } finally {
+    await stopAll()
+    scratch.remove()
+  }
+}
+
+main().catch(async (err: unknown) => {
+  process.stderr.write(`profile: ${err instanceof Error ? err.stack ?? err.message : String(err)}\n`)
+  await stopAll()
+  process.exit(1)
+})
