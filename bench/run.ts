@@ -4,7 +4,8 @@
 // against the framework floor (a bare @fastify/http-proxy, bench/floor.mjs)
 // and against the upstream itself, all on 127.0.0.1, driven by autocannon.
 // Tables go to stdout, progress to stderr, everything to
-// bench/results/<timestamp>.json and bench/results/latest.json.
+// bench/results/<timestamp>.json and bench/results/latest.json (a --quick
+// run: <timestamp>-quick.json and latest-quick.json).
 //
 // Each throughput figure is a fresh server process (so VmHWM is that
 // scenario's peak RSS), warmed up, then measured; targets are interleaved
@@ -60,7 +61,7 @@ const FULL: Settings = {
   bigSeconds: 4, bigWarmupSeconds: 0.5, bigConnections: 32,
   rate: 1000, rateSeconds: 4,
   soakRequests: 200_000, soakConnections: 32, soakWarmupSeconds: 2,
-  noiseBudgetSeconds: 90,
+  noiseBudgetSeconds: 60,
 }
 const QUICK: Settings = {
   ...FULL,
@@ -152,7 +153,7 @@ let logSeq = 0
  * is the upstream itself, moved to that core for the measurement; its VmHWM
  * is over its whole life, not this scenario's.
  */
-async function start (ctx: Context, target: Target, nodeArgs?: readonly string[]): Promise<Started> {
+async function start (ctx: Context, target: Target): Promise<Started> {
   const { pin, upstream } = ctx
   if (target === 'direct') {
     pinProcess(upstream.child.pid, pin.sut)
@@ -175,7 +176,6 @@ async function start (ctx: Context, target: Target, nodeArgs?: readonly string[]
       logFile: join(ctx.scratch, `proxy-${++logSeq}.log`),
       cwd: ctx.scratch,
       core: pin.sut,
-      ...(nodeArgs === undefined ? {} : { nodeArgs }),
     })
   const { pid } = server.child
   return {
@@ -694,9 +694,11 @@ async function main (): Promise<void> {
     mkdirSync(dir, { recursive: true })
     const name = started.toISOString().replace(/\.\d+Z$/, 'Z').replace(/:/g, '-') + (flags.quick ? '-quick' : '') + '.json'
     const json = JSON.stringify(results, null, 2) + '\n'
+    // A quick run is indicative only: it never replaces the latest full figures.
+    const latest = flags.quick ? 'latest-quick.json' : 'latest.json'
     writeFileSync(join(dir, name), json)
-    writeFileSync(join(dir, 'latest.json'), json)
-    progress(`results: bench/results/${name} and bench/results/latest.json`)
+    writeFileSync(join(dir, latest), json)
+    progress(`results: bench/results/${name} and bench/results/${latest}`)
   } finally {
     await stopAll()
     scratch.remove()
