@@ -130,7 +130,8 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
 
   const rewriteRequestHeaders: NonNullable<FastifyReplyFromHooks['rewriteRequestHeaders']> = (request, headers) => {
     const h = headers as IncomingHttpHeaders // HTTP/1 only: the proxy listens on plain HTTP/1.1
-    for (const name of connectionTokens(request.headers.connection)) h[name] = undefined
+    // `Connection` and the headers it names are already gone: reply-from strips
+    // them before calling this hook.
     for (const name of DROP_REQUEST) h[name] = undefined
     if (dropHeader !== undefined) h[dropHeader] = undefined
     // preHandler guaranteed a pair; read it again so a swap in between is honoured.
