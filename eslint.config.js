@@ -3,7 +3,7 @@ import js from '@eslint/js'
 import tseslint from 'typescript-eslint'
 
 export default tseslint.config(
-  { ignores: ['dist/', 'node_modules/', 'coverage/', '.tap/', 'bench/results/'] },
+  { ignores: ['dist/', 'node_modules/', 'coverage/', '.tap/', 'bench/results/', 'bench/scratch/'] },
   js.configs.recommended,
   ...tseslint.configs.strictTypeChecked,
   {

@@ -6,7 +6,7 @@ import { setTimeout as sleep } from 'node:timers/promises'
 import { parseArgs } from 'node:util'
 import { ConfigError, EXIT_CONFIG, describeConfig, loadConfig, type Config } from './config.js'
 import { readPair } from './credentials.js'
-import { createLogger } from './logger.js'
+import { createLogger, stdoutDestination } from './logger.js'
 import { buildMockApi } from './mock-api.js'
 import { serve } from './server.js'
 import { encodeToken, formatToken, mintFields, secretKey, verifyToken } from './token.js'
@@ -57,7 +57,8 @@ const commands: Record<string, (args: string[]) => Promise<void>> = {
     const config = loadConfig()
     // Credential files that are missing or empty do not stop it: it starts
     // unready and picks them up when they appear (a Secret mounted late).
-    await serve({ config, logger: createLogger(config.logLevel) })
+    const stdout = stdoutDestination()
+    await serve({ config, logger: createLogger(config.logLevel, stdout), logLinesDropped: () => stdout.dropped })
   },
 
   async wait (args) {

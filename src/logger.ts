@@ -1,5 +1,6 @@
 import { pino, type DestinationStream, type Logger } from 'pino'
 import type { LogLevel } from './config.js'
+import { BatchedStdout } from './log-destination.js'
 
 // Defence in depth: the proxy never logs headers, but if anything ever does,
 // these paths are censored. Tokens and the secret have no other way out.
@@ -13,13 +14,37 @@ export const REDACT_PATHS = [
   'secret',
 ]
 
-export function createLogger (level: LogLevel, destination?: DestinationStream): Logger {
+let stampMs = -1
+let stamp = ''
+
+/**
+ * pino's isoTime builds a Date and an ISO string per line; at thousands of
+ * lines a second most lines share their millisecond with the previous one.
+ */
+export function isoTimeCached (): string {
+  const now = Date.now()
+  if (now !== stampMs) {
+    stampMs = now
+    stamp = `,"time":"${new Date(now).toISOString()}"`
+  }
+  return stamp
+}
+
+/** stdout for the process's logger; what the current turn has logged still goes out on process.exit(). */
+export function stdoutDestination (): BatchedStdout {
+  const stdout = new BatchedStdout()
+  process.once('exit', () => { stdout.flushSync() })
+  return stdout
+}
+
+/** The logger of the process: JSON lines on stdout, or on `destination`. */
+export function createLogger (level: LogLevel, destination: DestinationStream = stdoutDestination()): Logger {
   const options = {
     level,
     base: { name: 'cos-auth-proxy' },
     redact: { paths: REDACT_PATHS, censor: '[redacted]' },
-    timestamp: pino.stdTimeFunctions.isoTime,
+    timestamp: isoTimeCached,
     formatters: { level: (label: string) => ({ level: label }) },
   }
-  return destination === undefined ? pino(options) : pino(options, destination)
+  return pino(options, destination)
 }

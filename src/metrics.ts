@@ -92,13 +92,22 @@ export class ProxyMetrics {
   private readonly none: RouteCells
   private readonly n: Scalars = { inFlight: 0, tokensMinted: 0, lastGoodReload: 0, reloads: { applied: 0, unchanged: 0, rejected: 0 } }
 
-  constructor (opts: { readonly defaultMetrics?: boolean } = {}) {
+  constructor (opts: { readonly defaultMetrics?: boolean, readonly logLinesDropped?: () => number } = {}) {
     this.registry = new Registry()
     this.contentType = this.registry.contentType
     const cells = ROUTES.map(r => new RouteCells(r))
     this.routes = new Map(cells.map(c => [c.route, c]))
     this.none = this.routes.get('none') as RouteCells
     registerExporters(this.registry, cells, this.n)
+    const dropped = opts.logLinesDropped
+    if (dropped !== undefined) {
+      new Counter({
+        name: `${PREFIX}log_lines_dropped_total`,
+        help: 'Log lines dropped because stdout could not take them (its reader stalled past the buffer limit, or went away).',
+        registers: [this.registry],
+        collect () { this.reset(); this.inc(dropped()) },
+      })
+    }
     if (opts.defaultMetrics ?? true) collectDefaultMetrics({ register: this.registry })
   }
 

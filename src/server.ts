@@ -138,26 +138,37 @@ function requestGuard (config: Config): (raw: IncomingMessage) => Refusal | unde
  * the keep-alive timeout. Node's own keep-alive timer is a socket timeout,
  * which any byte resets (a client can trickle empty lines forever), and a
  * connection that never sends a byte has no timer at all: either could hold
- * a slot of COS_MAX_CONNECTIONS indefinitely. Per request this costs a Map
- * delete and set; the sweep runs once a second.
+ * a slot of COS_MAX_CONNECTIONS indefinitely.
+ *
+ * Nothing is done per request: a sweep (every second at most) looks at each
+ * connection. One with a response under way (`_httpMessage`), or that was
+ * written to since the last sweep (only responses write: trickled bytes do
+ * not count), is busy now; one that was neither for `idleMs` is closed. So a
+ * connection is reaped between idleMs and idleMs + the sweep interval after
+ * its last response.
  */
+interface ConnectionState { lastBusy: number, bytesWritten: number }
+type ServerSocket = Socket & { _httpMessage?: ServerResponse | null }
+
 function reapIdleConnections (server: Server, idleMs: number): void {
-  const idleSince = new Map<Socket, number>()
-  server.on('connection', (socket: Socket) => {
-    idleSince.set(socket, performance.now())
-    socket.once('close', () => idleSince.delete(socket))
-  })
-  server.on('request', (req: IncomingMessage, res: ServerResponse) => {
-    const socket = req.socket
-    idleSince.delete(socket)
-    res.once('finish', () => { if (!socket.destroyed) idleSince.set(socket, performance.now()) })
+  const connections = new Map<ServerSocket, ConnectionState>()
+  server.on('connection', (socket: ServerSocket) => {
+    connections.set(socket, { lastBusy: performance.now(), bytesWritten: 0 })
+    socket.once('close', () => connections.delete(socket))
   })
   const sweep = setInterval(() => {
-    const cutoff = performance.now() - idleMs
-    for (const [socket, since] of idleSince) {
-      if (since < cutoff) { idleSince.delete(socket); socket.destroy() }
+    const now = performance.now()
+    for (const [socket, state] of connections) {
+      const written = socket.bytesWritten
+      if (socket._httpMessage != null || written !== state.bytesWritten) {
+        state.lastBusy = now
+        state.bytesWritten = written
+      } else if (now - state.lastBusy >= idleMs) {
+        connections.delete(socket)
+        socket.destroy()
+      }
     }
-  }, Math.min(1000, idleMs)).unref()
+  }, Math.max(10, Math.min(1000, idleMs / 2))).unref()
   server.once('close', () => clearInterval(sweep))
 }
 
@@ -287,6 +298,8 @@ export interface ServeOptions {
   readonly config: Config
   readonly logger: Logger
   readonly onListening?: (address: AddressInfo) => void
+  /** Log lines the logger's destination has dropped so far (exported as a metric). */
+  readonly logLinesDropped?: () => number
   /** Runs after the proxy has drained, before the process exits. */
   readonly onClose?: () => Promise<void>
 }
@@ -302,7 +315,7 @@ export async function serve (opts: ServeOptions): Promise<void> {
   const { config, logger } = opts
   // First, as it reads the TLS files: a config error must come before anything starts.
   const upstreams = upstreamsFor(config, logger)
-  const metrics = new ProxyMetrics()
+  const metrics = new ProxyMetrics(opts.logLinesDropped === undefined ? {} : { logLinesDropped: opts.logLinesDropped })
   const store = new CredentialStore()
   const watcher = new CredentialWatcher({
     credentials: config.credentials,

@@ -56,6 +56,14 @@ const P = 'cos_auth_proxy_'
 
 // ── the registry ──────────────────────────────────────────────────────────────
 
+t.test('log lines the stdout destination dropped are read at scrape time', async t => {
+  let dropped = 0
+  const m = new ProxyMetrics({ defaultMetrics: false, logLinesDropped: () => dropped })
+  t.equal(value(await scrape(m), `${P}log_lines_dropped_total`), 0)
+  dropped = 7
+  t.equal(value(await scrape(m), `${P}log_lines_dropped_total`), 7)
+})
+
 t.test('a fresh registry declares every metric with its type; fixed sets start at 0; no per-route series yet', async t => {
   const e = await scrape(new ProxyMetrics({ defaultMetrics: false }))
   t.same(Object.fromEntries([...e.types].filter(([name]) => name.startsWith(P))), {

@@ -1,0 +1,115 @@
+// Where log lines go: stdout, one write per turn of the event loop.
+//
+// Measured (bench/results, issue 6): with pino's default destination (an
+// async sonic-boom: one fs.write through the libuv thread pool per few lines,
+// plus a Buffer.byteLength over its growing buffer on every line), the one
+// line per request cost about a fifth of the proxy's CPU. Lines written
+// during one turn are joined here and written with one writeSync at the end
+// of the turn: no thread-pool hop, one syscall for all the requests the turn
+// finished, and no line waits longer than the turn that wrote it.
+//
+// writeSync blocks while a full pipe drains, as Node's own process.stdout
+// does for pipes and files on Linux; if stdout is non-blocking and full
+// (EAGAIN), the batch is kept and retried. What is pending is bounded: past
+// `maxPendingBytes` new lines are dropped and counted, never buffered without
+// limit. If the reader is gone (EPIPE), lines are dropped and counted.
+import { writeSync } from 'node:fs'
+
+export interface BatchedStdoutOptions {
+  /** Default 1 (stdout). */
+  readonly fd?: number
+  /** Characters held while the fd cannot take them; default 8 MiB. */
+  readonly maxPendingBytes?: number
+  /** How soon to try again after EAGAIN; default 10 ms. */
+  readonly retryMs?: number
+}
+
+/** A pino DestinationStream (write/flush/flushSync). */
+export class BatchedStdout {
+  readonly #fd: number
+  readonly #maxPending: number
+  readonly #retryMs: number
+  #lines: string[] = []
+  #pending = 0
+  /** The unwritten tail of a batch the fd refused (EAGAIN); written before anything newer. */
+  #stalled: Buffer | undefined
+  #scheduled = false
+  #dropped = 0
+  readonly #flushLater = (): void => { this.#scheduled = false; this.flushSync() }
+
+  constructor (opts: BatchedStdoutOptions = {}) {
+    this.#fd = opts.fd ?? 1
+    this.#maxPending = opts.maxPendingBytes ?? 8 * 1024 * 1024
+    this.#retryMs = opts.retryMs ?? 10
+  }
+
+  /** Lines dropped so far (pending limit reached, or the reader went away). */
+  get dropped (): number {
+    return this.#dropped
+  }
+
+  write (line: string): void {
+    if (this.#pending + line.length + (this.#stalled?.length ?? 0) > this.#maxPending) {
+      this.#dropped++
+      return
+    }
+    this.#lines.push(line)
+    this.#pending += line.length
+    if (!this.#scheduled) {
+      this.#scheduled = true
+      setImmediate(this.#flushLater)
+    }
+  }
+
+  /** Writes everything pending now, unless the fd refuses it (then it is retried shortly). */
+  flushSync (): void {
+    if (this.#stalled === undefined) {
+      if (this.#lines.length === 0) return
+      const text = this.#lines.length === 1 ? this.#lines[0] as string : this.#lines.join('')
+      this.#lines = []
+      this.#pending = 0
+      this.#stalled = Buffer.from(text, 'utf8')
+    }
+    // Lines that arrived while a stalled batch was retried follow it.
+    if (this.#writeStalled() && this.#lines.length > 0) this.flushSync()
+  }
+
+  /** pino's logger.flush(cb) lands here. */
+  flush (cb?: (err?: Error) => void): void {
+    this.flushSync()
+    cb?.()
+  }
+
+  /** True when the fd took it all (or it was given up); false when it is to be retried. */
+  #writeStalled (): boolean {
+    let buf = this.#stalled as Buffer
+    while (buf.length > 0) {
+      try {
+        buf = buf.subarray(writeSync(this.#fd, buf))
+      } catch (err) {
+        if ((err as NodeJS.ErrnoException).code === 'EAGAIN') {
+          this.#stalled = buf
+          this.#retry()
+          return false
+        }
+        // EPIPE (nobody reads stdout any more) or worse: nowhere to report it.
+        this.#dropped += countLines(buf)
+        break
+      }
+    }
+    this.#stalled = undefined
+    return true
+  }
+
+  #retry (): void {
+    if (this.#scheduled) return
+    this.#scheduled = true
+    setTimeout(this.#flushLater, this.#retryMs).unref()
+  }
+}
+
+function countLines (buf: Buffer): number {
+  let n = 0
+  for (let i = buf.indexOf(10); i !== -1; i = buf.indexOf(10, i + 1)) n++
+  return Math.max(n, 1)
+}
