@@ -49,14 +49,21 @@ export interface ProxyOptions {
 
 // Hop-by-hop (RFC 9110 §7.6.1) plus the client's own credentials. `expect`
 // is answered by Node's server itself (100-continue) and undici refuses it.
-// Set to undefined rather than deleted: undici skips undefined values and the
-// object keeps its shape.
+// Those present are set to undefined rather than deleted (undici skips
+// undefined values and the object keeps its fast shape); absent ones are not
+// touched, so the object does not grow keys that reply-from then copies.
 const DROP_REQUEST = ['authorization', 'proxy-authorization', 'proxy-connection', 'keep-alive', 'te', 'trailer', 'upgrade', 'expect'] as const
-const DROP_RESPONSE = ['connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'upgrade'] as const
+const DROP_RESPONSE: ReadonlySet<string> = new Set(['connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'upgrade'])
 
-function connectionTokens (value: string | string[] | undefined): string[] {
-  if (value === undefined) return []
+function connectionTokens (value: string | string[]): string[] {
   return (Array.isArray(value) ? value.join(',') : value).split(',').map(s => s.trim().toLowerCase()).filter(s => s !== '')
+}
+
+/** Whether a Connection value names a header to drop beyond DROP_RESPONSE: not for the usual one-word values. */
+function namesOtherHeaders (value: string | string[]): boolean {
+  if (typeof value !== 'string') return true
+  const v = value.length === 10 || value.length === 5 ? value.toLowerCase() : ''
+  return v !== 'keep-alive' && v !== 'close'
 }
 
 const BODY_TOO_LARGE = 'COS_BODY_TOO_LARGE'
@@ -132,8 +139,8 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
     const h = headers as IncomingHttpHeaders // HTTP/1 only: the proxy listens on plain HTTP/1.1
     // `Connection` and the headers it names are already gone: reply-from strips
     // them before calling this hook.
-    for (const name of DROP_REQUEST) h[name] = undefined
-    if (dropHeader !== undefined) h[dropHeader] = undefined
+    for (const name of DROP_REQUEST) if (h[name] !== undefined) h[name] = undefined
+    if (dropHeader !== undefined && h[dropHeader] !== undefined) h[dropHeader] = undefined
     // preHandler guaranteed a pair; read it again so a swap in between is honoured.
     h.authorization = credentials.current?.next()
     observer?.tokenMinted()
@@ -145,12 +152,17 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
   const rewriteHeaders: NonNullable<FastifyReplyFromHooks['rewriteHeaders']> = (headers, request) => {
     if (request !== undefined) request.upstreamMs = performance.now() - request.upstreamStart
     const h = headers as IncomingHttpHeaders
-    // Deleted, not set to undefined: reply-from copies every key it finds.
-    // eslint-disable-next-line @typescript-eslint/no-dynamic-delete
-    for (const name of connectionTokens(h.connection)) delete h[name]
-    // eslint-disable-next-line @typescript-eslint/no-dynamic-delete
-    for (const name of DROP_RESPONSE) delete h[name]
-    return h
+    // A new object rather than deletes: reply-from copies every key it finds
+    // (so undefined will not do), and a delete drops the object to a slow
+    // dictionary shape (measured: a copy of the usual five headers is ~5×
+    // cheaper than deleting two of them).
+    const connection = h.connection
+    const named = connection !== undefined && namesOtherHeaders(connection) ? connectionTokens(connection) : undefined
+    const kept: IncomingHttpHeaders = {}
+    for (const name in h) {
+      if (!DROP_RESPONSE.has(name) && named?.includes(name) !== true) kept[name] = h[name]
+    }
+    return kept
   }
 
   const onError: NonNullable<FastifyReplyFromHooks['onError']> = (reply, { error }) => {
