@@ -1,7 +1,7 @@
 // CPU profile of the proxy (or the floor) under load, summarised: where the
 // time goes, in our code (dist/) and in the framework's (node_modules/).
 //
-//   npm run build && node --import tsx bench/profile.ts [--target proxy|floor] [--level info|warn] [--seconds 6] [--connections 32]
+//   npm run bench:profile -- [--target proxy|floor] [--level info|warn] [--seconds 6] [--connections 32] [--workload small|get-1mib|post-1mib]
 //
 // The server runs with `node --cpu-prof`; the profile is written when it
 // exits, kept in bench/results/profiles/ (open it in Chrome DevTools or
@@ -14,7 +14,7 @@ import { parseArgs } from 'node:util'
 import { fixed, table } from './format.js'
 import {
   BENCH_DIR, ROOT, awaitQuiet, choosePinning, installCleanup, machine, measure, pinProcess, runLoad, scratchDir, startFloor,
-  startProxy, startUpstream, stopAll, stopChild,
+  startProxy, startUpstream, stopAll, stopChild, type Load,
 } from './harness.js'
 
 interface CallFrame { readonly functionName: string, readonly url: string, readonly lineNumber: number }
@@ -141,6 +141,7 @@ async function main (): Promise<void> {
       level: { type: 'string', default: 'info' },
       seconds: { type: 'string', default: '6' },
       connections: { type: 'string', default: '32' },
+      workload: { type: 'string', default: 'small' },
     },
   })
   if (values.target !== 'proxy' && values.target !== 'floor') throw new Error('--target must be proxy or floor')
@@ -156,10 +157,16 @@ async function main (): Promise<void> {
       ? await startFloor(upstream.url, pin.sut, nodeArgs)
       : await startProxy({ upstreamUrl: upstream.url, logLevel: values.level, logFile: join(scratch.path, 'proxy.log'), cwd: scratch.path, core: pin.sut, nodeArgs })
     const connections = Number(values.connections)
-    const url = server.url + '/api/v1/clusters'
-    await runLoad({ url, connections, duration: 1 })
+    const workloads: Record<string, Omit<Load, 'connections'>> = {
+      small: { url: server.url + '/api/v1/clusters' },
+      'get-1mib': { url: server.url + '/big' },
+      'post-1mib': { url: server.url + '/upload', method: 'POST', body: Buffer.alloc(1024 * 1024, 'b'), headers: { 'content-type': 'application/octet-stream' } },
+    }
+    const workload = workloads[values.workload]
+    if (workload === undefined) throw new Error(`--workload must be one of ${Object.keys(workloads).join(', ')}`)
+    await runLoad({ ...workload, connections, duration: 1 })
     await awaitQuiet(0.1, 30_000, m.clockTicks) // a shared machine: wait for a quiet moment
-    const r = await measure({ url, connections, duration: Number(values.seconds) }, server.child.pid, upstream.child.pid, m.clockTicks)
+    const r = await measure({ ...workload, connections, duration: Number(values.seconds) }, server.child.pid, upstream.child.pid, m.clockTicks)
     await stopChild(server.child, 10_000) // the profile is written as it exits
     await stopAll()
     const file = readdirSync(scratch.path).find(f => f.endsWith('.cpuprofile'))
@@ -170,7 +177,7 @@ async function main (): Promise<void> {
     copyFileSync(join(scratch.path, file), kept)
     const summary = summarise(JSON.parse(readFileSync(kept, 'utf8')) as CpuProfile)
     process.stdout.write([
-      `# CPU profile: ${values.target}${values.target === 'proxy' ? ` at ${values.level}` : ''}, ${connections} connections, ${values.seconds} s`,
+      `# CPU profile: ${values.target}${values.target === 'proxy' ? ` at ${values.level}` : ''}, ${values.workload}, ${connections} connections, ${values.seconds} s`,
       `machine: ${m.cpuModel}, ${m.cores} cores, Node ${m.node}; ${pin.description}`,
       `load: ${fixed(r.load.rps)} req/s, ${fixed(r.cost.cpuMsPer1k)} CPU ms per 1,000 requests (profiling slows it), other processes ${fixed(r.cost.otherLoad, 2)} cores`,
       `profile: ${kept.replace(ROOT + '/', '')}`,

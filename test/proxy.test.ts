@@ -290,3 +290,59 @@ t.test('one log line per request at info: method, route, status, duration, reque
   t.match(lines[1], { route: 'none', status: 404, reqId: 'log-2' })
   t.notOk(proxy.logs.text.includes('secret=1'), 'paths and queries are not logged')
 })
+
+t.test('small bodies are sent in one piece, larger ones streamed: bytes, headers and failures are the same either way', async t => {
+  const bytes = (n: number): Buffer => Buffer.from(Array.from({ length: n }, (_, i) => i % 251))
+  const up = await startUpstream((req, res) => {
+    const [, kind = '', size = '0'] = req.url?.split('/') ?? []
+    const body = bytes(Number(size))
+    switch (kind) {
+      case 'typed':
+        res.setHeader('content-type', 'application/x-test')
+        res.setHeader('content-length', String(body.length))
+        res.end(body)
+        return
+      case 'untyped': // no Content-Type: none may be added on the way
+        res.setHeader('content-length', String(body.length))
+        res.end(body)
+        return
+      case 'chunked':
+        res.setHeader('content-type', 'application/x-test')
+        res.write(body.subarray(0, 10))
+        res.end(body.subarray(10))
+        return
+      case 'short': // declares more than it sends, then hangs up
+        res.setHeader('content-type', 'application/json')
+        res.setHeader('content-length', '100')
+        res.write('{"partial":')
+        setTimeout(() => res.socket?.destroy(), 20)
+        return
+      default:
+        res.statusCode = 404
+        res.end()
+    }
+  })
+  const proxy = await startProxy({ COS_API_URL: up.url })
+  t.teardown(async () => { await proxy.close(); await up.close() })
+
+  for (const size of [0, 1, 200, 16 * 1024, 16 * 1024 + 1, 300_000]) {
+    const typed = await send(`${proxy.url}/typed/${size}`)
+    t.equal(typed.status, 200)
+    t.ok(typed.body.equals(bytes(size)), `typed ${size} B: same bytes`)
+    t.equal(typed.headers['content-length'], String(size), `typed ${size} B: Content-Length kept`)
+    t.equal(typed.headers['content-type'], 'application/x-test', `typed ${size} B: Content-Type kept`)
+    t.equal(typed.headers['transfer-encoding'], undefined)
+
+    const untyped = await send(`${proxy.url}/untyped/${size}`)
+    t.ok(untyped.body.equals(bytes(size)), `untyped ${size} B: same bytes`)
+    t.equal(untyped.headers['content-type'], undefined, `untyped ${size} B: no Content-Type added`)
+
+    const chunked = await send(`${proxy.url}/chunked/${size}`)
+    t.ok(chunked.body.equals(bytes(size)), `chunked ${size} B: same bytes`)
+  }
+
+  const short = await send(`${proxy.url}/short/0`)
+  t.equal(short.status, 502, 'a small body cut short before anything was sent: a clean 502, not a truncated 200')
+  t.match(json(short), { error: { code: 'upstream_unavailable' } })
+  t.equal((await send(`${proxy.url}/typed/10`)).status, 200, 'the proxy serves on')
+})

@@ -240,10 +240,13 @@ t.test('legitimate pipelining: each request is re-framed and signed on its own, 
 })
 
 t.test('a malformed request pipelined behind one in flight never corrupts or replaces that one\'s response', async t => {
-  // The upstream sends its headers and half the body, then the rest 300 ms later.
+  // The upstream sends its headers and most of the body, then the rest 300 ms
+  // later. Over 16 KiB, so the proxy streams it: its headers are on the wire
+  // before the malformed request arrives.
+  const head = '0123456789'.repeat(1700)
   const r = await rig(t, (_req, res) => {
-    res.writeHead(200, { 'content-type': 'text/plain', 'content-length': '20' })
-    res.write('0123456789')
+    res.writeHead(200, { 'content-type': 'text/plain', 'content-length': String(head.length + 10) })
+    res.write(head)
     setTimeout(() => res.end('abcdefghij'), 300)
   })
   const cases: [string, string][] = [
@@ -256,9 +259,22 @@ t.test('a malformed request pipelined behind one in flight never corrupts or rep
     const res = await rawRequest(r.proxy.port, [`GET /first HTTP/1.1\r\n${H}\r\n`, second], { gapMs: 100, expect: 2, timeoutMs: 2500 })
     // The upstream's response first (whole, or cut short by a close): never foreign bytes inside it.
     t.match(res.text, /^HTTP\/1\.1 200 /, `${name}: the first bytes on the wire are the upstream's response`)
-    const full = '0123456789abcdefghij'
+    const full = head + 'abcdefghij'
     const afterHead = res.text.slice(res.text.indexOf('\r\n\r\n') + 4)
     t.ok(afterHead.startsWith(full) || full.startsWith(afterHead), `${name}: nothing is written into the body in flight (got ${JSON.stringify(afterHead.slice(0, 60))})`)
+  }
+  // A small body the proxy collects before answering (its headers are not
+  // sent yet): the client gets the whole response or a close, nothing else.
+  const small = await rig(t, (_req, res) => {
+    res.writeHead(200, { 'content-type': 'text/plain', 'content-length': '20' })
+    res.write('0123456789')
+    setTimeout(() => res.end('abcdefghij'), 300)
+  })
+  for (const [name, second] of cases) {
+    const res = await rawRequest(small.proxy.port, [`GET /first HTTP/1.1\r\n${H}\r\n`, second], { gapMs: 100, expect: 2, timeoutMs: 2500 })
+    const first = res.finals[0]
+    t.ok(first === undefined || (first.status === 200 && res.text.includes('\r\n\r\n0123456789abcdefghij')),
+      `${name}, small body: the whole upstream response or a close (got ${JSON.stringify(res.text.slice(0, 40))})`)
   }
   // The same when the upstream has received the request but not answered
   // yet: the client must not get a 400 for a request the upstream executed.
