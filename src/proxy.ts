@@ -209,7 +209,8 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
     stream.once('error', (error: Error) => { onError(reply, { error }) })
   }
 
-  // Callback style: replying without calling done() ends the request here.
+  // onRequest, so a refusal comes before any body is read. Callback style:
+  // replying without calling done() ends the request here.
   function admit (request: FastifyRequest, reply: FastifyReply, done: () => void): void {
     const allowed = request.routeOptions.config.allowedMethods
     if (allowed !== undefined && (!allowed.includes(request.method) || overridesMethod(request.headers, allowed))) {
@@ -221,9 +222,16 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
       sendError(reply, 503, 'credentials_unavailable', 'no valid access key pair is loaded yet')
       return
     }
-    if (maxBody > 0 && request.body instanceof Readable) request.body = request.body.pipe(new BodyLimit(maxBody))
     done()
   }
+
+  // A preHandler (the body exists only after parsing) and only when there is
+  // a limit: every hook costs every request.
+  function limitBody (request: FastifyRequest, _reply: FastifyReply, done: () => void): void {
+    if (request.body instanceof Readable) request.body = request.body.pipe(new BodyLimit(maxBody))
+    done()
+  }
+  fastify.addHook('onRequest', admit)
 
   /**
    * reply-from calls this after every attempt with its internal request
@@ -268,7 +276,7 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
       // Responses pass through unchanged, Location included.
       internalRewriteLocationHeader: false,
       config: { routeName: route.name, allowedMethods: route.allowedMethods },
-      preHandler: admit,
+      ...(maxBody > 0 ? { preHandler: limitBody } : {}),
       // For a bare prefix with a query (`/management?q=1`) and no upstream base
       // path, http-proxy computes an empty destination, and reply-from reads
       // an empty one as "the original URL": the prefix would not be stripped.
