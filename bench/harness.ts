@@ -312,6 +312,8 @@ export interface ProxyStart {
   readonly cwd: string
   readonly core: number | undefined
   readonly nodeArgs?: readonly string[]
+  /** Another build's cli.js (bench/ab.ts); default this checkout's dist/. */
+  readonly cli?: string
 }
 
 export async function startProxy (s: ProxyStart): Promise<Server> {
@@ -319,7 +321,7 @@ export async function startProxy (s: ProxyStart): Promise<Server> {
   const log = openLog(s.logFile)
   let child: Child
   try {
-    child = spawnNode('proxy', CLI, ['serve'], {
+    child = spawnNode('proxy', s.cli ?? CLI, ['serve'], {
       env: proxyEnv(s.upstreamUrl, port, s.logLevel),
       cwd: s.cwd,
       stdout: log.fd,
@@ -359,6 +361,21 @@ export interface Load {
   readonly method?: 'GET' | 'POST'
   readonly body?: Buffer
   readonly headers?: Record<string, string>
+}
+
+export type Workload = 'small' | 'get-1mib' | 'post-1mib'
+export const WORKLOADS: readonly Workload[] = ['small', 'get-1mib', 'post-1mib']
+/** The catch-all route (COS_API_URL): path kept, signed. */
+export const SMALL_PATH = '/api/v1/clusters'
+const UPLOAD = Buffer.alloc(1024 * 1024, 'b')
+
+/** The request each workload sends to a server at `url` (see upstream.mjs). */
+export function workloadLoad (workload: Workload, url: string, connections: number, duration: number): Load {
+  switch (workload) {
+    case 'small': return { url: url + SMALL_PATH, connections, duration }
+    case 'get-1mib': return { url: url + '/big', connections, duration }
+    case 'post-1mib': return { url: url + '/upload', connections, duration, method: 'POST', body: UPLOAD, headers: { 'content-type': 'application/octet-stream' } }
+  }
 }
 
 export interface Latency { readonly p50: number, readonly p90: number, readonly p99: number, readonly max: number, readonly mean: number }

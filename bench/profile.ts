@@ -14,7 +14,7 @@ import { parseArgs } from 'node:util'
 import { fixed, table } from './format.js'
 import {
   BENCH_DIR, ROOT, awaitQuiet, choosePinning, installCleanup, machine, measure, pinProcess, runLoad, scratchDir, startFloor,
-  startProxy, startUpstream, stopAll, stopChild, type Load,
+  startProxy, startUpstream, stopAll, stopChild, workloadLoad, WORKLOADS,
 } from './harness.js'
 
 interface CallFrame { readonly functionName: string, readonly url: string, readonly lineNumber: number }
@@ -145,6 +145,8 @@ async function main (): Promise<void> {
     },
   })
   if (values.target !== 'proxy' && values.target !== 'floor') throw new Error('--target must be proxy or floor')
+  const workload = WORKLOADS.find(w => w === values.workload)
+  if (workload === undefined) throw new Error(`--workload must be one of ${WORKLOADS.join(', ')}`)
   installCleanup()
   const m = machine()
   const pin = choosePinning(m.cores, true)
@@ -157,16 +159,9 @@ async function main (): Promise<void> {
       ? await startFloor(upstream.url, pin.sut, nodeArgs)
       : await startProxy({ upstreamUrl: upstream.url, logLevel: values.level, logFile: join(scratch.path, 'proxy.log'), cwd: scratch.path, core: pin.sut, nodeArgs })
     const connections = Number(values.connections)
-    const workloads: Record<string, Omit<Load, 'connections'>> = {
-      small: { url: server.url + '/api/v1/clusters' },
-      'get-1mib': { url: server.url + '/big' },
-      'post-1mib': { url: server.url + '/upload', method: 'POST', body: Buffer.alloc(1024 * 1024, 'b'), headers: { 'content-type': 'application/octet-stream' } },
-    }
-    const workload = workloads[values.workload]
-    if (workload === undefined) throw new Error(`--workload must be one of ${Object.keys(workloads).join(', ')}`)
-    await runLoad({ ...workload, connections, duration: 1 })
+    await runLoad(workloadLoad(workload, server.url, connections, 1))
     await awaitQuiet(0.1, 30_000, m.clockTicks) // a shared machine: wait for a quiet moment
-    const r = await measure({ ...workload, connections, duration: Number(values.seconds) }, server.child.pid, upstream.child.pid, m.clockTicks)
+    const r = await measure(workloadLoad(workload, server.url, connections, Number(values.seconds)), server.child.pid, upstream.child.pid, m.clockTicks)
     await stopChild(server.child, 10_000) // the profile is written as it exits
     await stopAll()
     const file = readdirSync(scratch.path).find(f => f.endsWith('.cpuprofile'))

@@ -22,7 +22,7 @@ import { fixed, ratio, table, type Cell } from './format.js'
 import {
   BENCH_DIR, CLI, ROOT, awaitQuiet, choosePinning, countRequestLines, installCleanup, machine, measure, median, pinProcess,
   noiseProbe, runLoad, runPaced, scratchDir, spawnNode, startFloor, startProxy, startUpstream, stopAll, stopChild, vmMB,
-  type Latency, type Load, type LoadResult, type Machine, type Measured, type Pinning, type Server, type Upstream,
+  SMALL_PATH, workloadLoad, type Workload, type Latency, type LoadResult, type Machine, type Measured, type Pinning, type Server, type Upstream,
 } from './harness.js'
 import { mintTable, type MintResult } from './mint.js'
 
@@ -112,9 +112,7 @@ class Noise {
   }
 }
 
-const PATH = '/api/v1/clusters' // the catch-all route (COS_API_URL): path kept, signed
-const MIB = 1024 * 1024
-const UPLOAD = Buffer.alloc(MIB, 'b')
+const PATH = SMALL_PATH
 
 type Target = 'proxy' | 'floor' | 'direct' | 'proxy-warn'
 const LABEL: Readonly<Record<Target, string>> = { proxy: 'proxy (info)', floor: 'floor', direct: 'direct', 'proxy-warn': 'proxy (warn)' }
@@ -196,7 +194,6 @@ async function start (ctx: Context, target: Target): Promise<Started> {
 // ---------------------------------------------------------------------------
 // Throughput (small responses and 1 MiB bodies)
 
-type Workload = 'small' | 'get-1mib' | 'post-1mib'
 
 interface ThroughputRun {
   readonly workload: Workload
@@ -223,14 +220,6 @@ interface ThroughputRun {
   readonly log?: { readonly lines: number, readonly completed: number, readonly sent: number }
   /** Measurements made to get this one (see MAX_NOISE). */
   readonly attempts?: number
-}
-
-function workloadLoad (workload: Workload, url: string, connections: number, duration: number): Load {
-  switch (workload) {
-    case 'small': return { url: url + PATH, connections, duration }
-    case 'get-1mib': return { url: url + '/big', connections, duration }
-    case 'post-1mib': return { url: url + '/upload', connections, duration, method: 'POST', body: UPLOAD, headers: { 'content-type': 'application/octet-stream' } }
-  }
 }
 
 async function throughput (ctx: Context, workload: Workload, target: Target, connections: number, round: number): Promise<ThroughputRun> {

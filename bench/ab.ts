@@ -1,0 +1,121 @@
+// npm run bench:ab -- [--ref <git ref>] [--workload small|get-1mib|post-1mib] [--connections 32] [--rounds 10] [--seconds 2] [--level info]
+//
+// Before/after for one change: this checkout's proxy (dist/) against the
+// proxy built from another commit (default HEAD, i.e. the working tree
+// against the last commit) and the framework floor, on a shared VM whose
+// speed drifts by up to 2× within seconds. So the servers are not measured
+// one after the other: all of them share the one pinned core and are loaded
+// at the same moment, each by its own autocannon, round after round. Each
+// round gives every server's CPU per 1,000 requests (from /proc) under the
+// same conditions; the table gives the median of its per-round ratio to this
+// checkout's proxy, with the range. (Loaded together, each server runs at a
+// fraction of its own maximum, so the absolute figures are not those of
+// `npm run bench`; the ratios are what this is for.)
+//
+// Calibrate first: `--ref HEAD` on a clean tree compares two identical
+// builds and shows the noise (small responses, here: 0.96–1.06 over 6
+// rounds). 1 MiB bodies saturate the load generator's core when three
+// servers are driven at once and spread far wider (0.6–1.05 for identical
+// builds): use `npm run bench` for those.
+//
+// The other commit is checked out in a temporary git worktree and built
+// there with this checkout's node_modules (a change to the dependencies
+// needs `npm run bench` instead).
+import { execFileSync } from 'node:child_process'
+import { mkdtempSync, rmSync, symlinkSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { parseArgs } from 'node:util'
+import { fixed, table } from './format.js'
+import {
+  ROOT, choosePinning, cpuTicks, installCleanup, machine, median, pinProcess, runLoad, scratchDir, startFloor, startProxy,
+  startUpstream, stopAll, workloadLoad, WORKLOADS, type Server,
+} from './harness.js'
+
+const { values } = parseArgs({
+  options: {
+    ref: { type: 'string', default: 'HEAD' },
+    connections: { type: 'string', default: '32' },
+    rounds: { type: 'string', default: '10' },
+    seconds: { type: 'string', default: '2' },
+    level: { type: 'string', default: 'info' },
+    workload: { type: 'string', default: 'small' },
+  },
+})
+const connections = Number(values.connections)
+const rounds = Number(values.rounds)
+const seconds = Number(values.seconds)
+const workload = WORKLOADS.find(w => w === values.workload)
+const progress = (s: string): void => { process.stderr.write(s + '\n') }
+
+/** Builds `ref` in a temporary worktree; returns its cli.js and a cleanup. */
+function buildRef (ref: string): { cli: string, commit: string, remove: () => void } {
+  const commit = execFileSync('git', ['rev-parse', '--short', ref], { cwd: ROOT, encoding: 'utf8' }).trim()
+  const dir = mkdtempSync(join(tmpdir(), 'cos-ab-'))
+  const remove = (): void => {
+    try { execFileSync('git', ['worktree', 'remove', '--force', dir], { cwd: ROOT, stdio: 'ignore' }) } catch { /* already gone */ }
+    rmSync(dir, { recursive: true, force: true })
+  }
+  try {
+    execFileSync('git', ['worktree', 'add', '--detach', dir, commit], { cwd: ROOT, stdio: 'ignore' })
+    symlinkSync(join(ROOT, 'node_modules'), join(dir, 'node_modules'))
+    execFileSync(process.execPath, [join(ROOT, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', 'tsconfig.build.json'], { cwd: dir, stdio: 'inherit' })
+  } catch (err) {
+    remove()
+    throw err
+  }
+  return { cli: join(dir, 'dist', 'cli.js'), commit, remove }
+}
+
+async function main (): Promise<void> {
+  if (workload === undefined) throw new Error(`--workload must be one of ${WORKLOADS.join(', ')}`)
+  installCleanup()
+  const m = machine()
+  const pin = choosePinning(m.cores, true)
+  pinProcess(process.pid, pin.loadgen)
+  const head = execFileSync('git', ['rev-parse', '--short', 'HEAD'], { cwd: ROOT, encoding: 'utf8' }).trim()
+  const dirty = execFileSync('git', ['status', '--porcelain', '--untracked-files=no'], { cwd: ROOT, encoding: 'utf8' }).trim() !== ''
+  progress(`building ${values.ref} in a temporary worktree…`)
+  const other = buildRef(values.ref)
+  const scratch = scratchDir()
+  try {
+    const upstream = await startUpstream(pin.upstream)
+    const proxy = (cli?: string): Promise<Server> => startProxy({
+      upstreamUrl: upstream.url, logLevel: values.level, logFile: join(scratch.path, `${String(Math.random()).slice(2)}.log`), cwd: scratch.path, core: pin.sut, ...(cli === undefined ? {} : { cli }),
+    })
+    const servers: [string, Server][] = [
+      [`this checkout (${head}${dirty ? '+dirty' : ''})`, await proxy()],
+      [`${values.ref} (${other.commit})`, await proxy(other.cli)],
+      ['floor (bare http-proxy)', await startFloor(upstream.url, pin.sut)],
+    ]
+    await Promise.all(servers.map(([, s]) => runLoad(workloadLoad(workload, s.url, connections, 1.5)))) // warm-up
+    const ratios = servers.map(() => [] as number[])
+    const cpu = servers.map(() => [] as number[])
+    for (let r = 0; r < rounds; r++) {
+      const before = servers.map(([, s]) => cpuTicks(s.child.pid))
+      const loads = await Promise.all(servers.map(([, s]) => runLoad(workloadLoad(workload, s.url, connections, seconds))))
+      const perK = servers.map(([, s], i) => (cpuTicks(s.child.pid) - (before[i] ?? 0)) * 1000 / m.clockTicks / (loads[i]?.requests ?? 1) * 1000)
+      perK.forEach((v, i) => { cpu[i]?.push(v); ratios[i]?.push(v / (perK[0] ?? 1)) })
+      progress(`round ${r + 1}/${rounds}: ${perK.map(v => fixed(v, 1)).join(' / ')} CPU ms per 1k requests`)
+    }
+    process.stdout.write([
+      `# bench:ab: ${workload}, ${connections} connections per server, ${rounds} rounds × ${seconds} s, all servers loaded at once on core ${pin.sut ?? '-'}, log level ${values.level}`,
+      `machine: ${m.cpuModel}, ${m.cores} cores, Node ${m.node}`,
+      '',
+      table(['server', 'CPU ms / 1k req (median)', 'vs this checkout (median)', 'range over rounds'],
+        servers.map(([name], i) => [name, fixed(median(cpu[i] ?? []), 1), fixed(median(ratios[i] ?? []), 3) + '×',
+          `${fixed(Math.min(...(ratios[i] ?? [])), 2)}–${fixed(Math.max(...(ratios[i] ?? [])), 2)}`])),
+      'Below 1× costs less CPU per request than this checkout; above, more.',
+    ].join('\n') + '\n')
+  } finally {
+    await stopAll()
+    scratch.remove()
+    other.remove()
+  }
+}
+
+main().catch(async (err: unknown) => {
+  process.stderr.write(`bench:ab: ${err instanceof Error ? err.stack ?? err.message : String(err)}\n`)
+  await stopAll()
+  process.exit(1)
+})
