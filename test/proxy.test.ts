@@ -302,6 +302,11 @@ t.test('small bodies are sent in one piece, larger ones streamed: bytes, headers
         res.setHeader('content-length', String(body.length))
         res.end(body)
         return
+      case 'json': // Fastify appends a charset to JSON it serialises: not to bytes it forwards
+        res.setHeader('content-type', 'application/json')
+        res.setHeader('content-length', '11')
+        res.end('{"ok":true}')
+        return
       case 'untyped': // no Content-Type: none may be added on the way
         res.setHeader('content-length', String(body.length))
         res.end(body)
@@ -340,6 +345,10 @@ t.test('small bodies are sent in one piece, larger ones streamed: bytes, headers
     const chunked = await send(`${proxy.url}/chunked/${size}`)
     t.ok(chunked.body.equals(bytes(size)), `chunked ${size} B: same bytes`)
   }
+
+  const asJson = await send(`${proxy.url}/json/0`)
+  t.equal(asJson.headers['content-type'], 'application/json', 'Content-Type passed exactly')
+  t.equal(asJson.body.toString(), '{"ok":true}')
 
   const short = await send(`${proxy.url}/short/0`)
   t.equal(short.status, 502, 'a small body cut short before anything was sent: a clean 502, not a truncated 200')
