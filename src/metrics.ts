@@ -5,6 +5,7 @@
 // updates below, against ~40 ns for the cells; see the note on ProxyMetrics.)
 import { collectDefaultMetrics, Counter, Gauge, Registry, type Histogram } from 'prom-client'
 import type { RouteName } from './config.js'
+import { errorCodes } from './error-codes.js'
 
 export type UpstreamErrorKind = 'refused' | 'reset' | 'timeout' | 'tls' | 'dns' | 'other'
 export type ReloadResult = 'applied' | 'unchanged' | 'rejected'
@@ -301,24 +302,15 @@ const CODE_KINDS: ReadonlyMap<string, UpstreamErrorKind> = new Map<string, Upstr
 ])
 const TLS_PREFIXES = ['ERR_TLS_', 'ERR_SSL_', 'CERT_', 'CRL_', 'UNABLE_TO_', 'ERROR_IN_CERT_', 'ERROR_IN_CRL_']
 
-function kindOfCode (code: unknown): UpstreamErrorKind | undefined {
-  if (typeof code !== 'string') return undefined
+function kindOfCode (code: string): UpstreamErrorKind | undefined {
   return CODE_KINDS.get(code) ?? (TLS_PREFIXES.some(p => code.startsWith(p)) ? 'tls' : undefined)
 }
 
-/**
- * Classify an error from undici or @fastify/reply-from. reply-from wraps the
- * undici error (e.g. FST_REPLY_FROM_INTERNAL_SERVER_ERROR with the
- * ECONNREFUSED as its cause), so the cause chain is walked outside in and the
- * first code that means something wins; an AggregateError (happy eyeballs
- * over several addresses) is read through its first error.
- */
+/** Classify an error from undici or @fastify/reply-from: the first code on its chain that means something wins. */
 export function classifyUpstreamError (err: Error): UpstreamErrorKind {
-  let e: unknown = err
-  for (let depth = 0; depth < 5 && e instanceof Error; depth++) {
-    const kind = kindOfCode((e as { code?: unknown }).code)
+  for (const code of errorCodes(err)) {
+    const kind = kindOfCode(code)
     if (kind !== undefined) return kind
-    e = e instanceof AggregateError && e.cause === undefined ? (e.errors as unknown[])[0] : e.cause
   }
   return 'other'
 }

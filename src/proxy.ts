@@ -9,6 +9,7 @@ import httpProxy from '@fastify/http-proxy'
 import type { FastifyReplyFromHooks } from '@fastify/reply-from'
 import type { Route, RouteName } from './config.js'
 import type { CredentialStore } from './credentials.js'
+import { errorCodes, hasErrorCode } from './error-codes.js'
 import { sendError } from './errors.js'
 import type { Upstreams } from './upstream.js'
 
@@ -99,23 +100,12 @@ function overridesMethod (headers: IncomingHttpHeaders, allowed: readonly string
   return false
 }
 
-function causedBy (err: unknown, code: string): boolean {
-  for (let e = err, depth = 0; e instanceof Error && depth < 5; e = e.cause, depth++) {
-    if ((e as { code?: string }).code === code) return true
-  }
-  return false
-}
-
 interface AttemptRequest { method: string, headers: IncomingHttpHeaders, body: unknown }
 interface AttemptResponse { statusCode: number, stream: { resume: () => void } }
 
 const RETRY_METHODS = new Set(['GET', 'HEAD', 'OPTIONS'])
 // Failures where the upstream cannot have acted on the request.
 const CONNECTION_FAILURES = new Set(['ECONNREFUSED', 'ECONNRESET', 'EPIPE', 'UND_ERR_SOCKET', 'UND_ERR_CLOSED'])
-
-function errorCode (err: Error): string {
-  return (err as { code?: string }).code ?? ''
-}
 
 function isBodyless (req: AttemptRequest): boolean {
   const length = req.headers['content-length']
@@ -126,9 +116,8 @@ const TIMEOUT_CODES = new Set(['UND_ERR_CONNECT_TIMEOUT', 'UND_ERR_HEADERS_TIMEO
 
 /** Maps a reply-from/undici failure to the proxy's contract: 504 for timeouts, 502 for the rest. */
 export function upstreamErrorStatus (error: Error): 502 | 504 {
-  const code = (error as { code?: string }).code
-  const causeCode = (error.cause as { code?: string } | undefined)?.code
-  return TIMEOUT_CODES.has(code ?? '') || TIMEOUT_CODES.has(causeCode ?? '') ? 504 : 502
+  for (const code of errorCodes(error)) if (TIMEOUT_CODES.has(code)) return 504
+  return 502
 }
 
 export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions): Promise<void> {
@@ -170,7 +159,7 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
   }
 
   const onError: NonNullable<FastifyReplyFromHooks['onError']> = (reply, { error }) => {
-    if (causedBy(error, BODY_TOO_LARGE)) {
+    if (hasErrorCode(error, BODY_TOO_LARGE)) {
       sendError(reply, 413, 'payload_too_large', `request bodies are limited to ${maxBody} bytes (COS_MAX_BODY_BYTES)`)
       return
     }
@@ -250,7 +239,7 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
     if (!isBodyless(attemptReq)) return null
     // eslint-disable-next-line @typescript-eslint/no-unnecessary-condition -- undefined on a response, whatever the typings say
     if (err != null) {
-      if (!RETRY_METHODS.has(attemptReq.method) || !CONNECTION_FAILURES.has(errorCode(err))) return null
+      if (!RETRY_METHODS.has(attemptReq.method) || !CONNECTION_FAILURES.has(errorCodes(err).next().value ?? '')) return null
       observer?.retried(route, 'connect')
     } else {
       const attemptRes = res as unknown as AttemptResponse | undefined
