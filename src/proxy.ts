@@ -134,7 +134,7 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
     // them before calling this hook.
     for (const name of DROP_REQUEST) if (h[name] !== undefined) h[name] = undefined
     if (dropHeader !== undefined && h[dropHeader] !== undefined) h[dropHeader] = undefined
-    // preHandler guaranteed a pair; read it again so a swap in between is honoured.
+    // admit (onRequest) saw a pair; read it again so a swap in between is honoured.
     h.authorization = credentials.current?.next()
     observer?.tokenMinted()
     h['x-request-id'] = request.id
