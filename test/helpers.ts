@@ -2,7 +2,7 @@
 // real proxy listening on 127.0.0.1. No mocks of the network.
 import { createHash } from 'node:crypto'
 import { createServer, request as httpRequest, type IncomingHttpHeaders, type IncomingMessage, type Server, type ServerResponse } from 'node:http'
-import type { AddressInfo } from 'node:net'
+import type { AddressInfo, Server as NetServer } from 'node:net'
 import { Writable } from 'node:stream'
 import type { FastifyInstance } from 'fastify'
 import { loadConfig, type Config } from '../src/config.js'
@@ -32,6 +32,12 @@ export interface Upstream {
   close: () => Promise<void>
 }
 
+/** Listens on 127.0.0.1 at a port the system picks; returns the port. */
+export async function listenOnLoopback (server: NetServer): Promise<number> {
+  await new Promise<void>(resolve => server.listen(0, '127.0.0.1', resolve))
+  return (server.address() as AddressInfo).port
+}
+
 /** An HTTP server on 127.0.0.1 that hashes each body as it streams and records the request. */
 export async function startUpstream (handler?: UpstreamHandler): Promise<Upstream> {
   const received: Received[] = []
@@ -47,8 +53,7 @@ export async function startUpstream (handler?: UpstreamHandler): Promise<Upstrea
       res.end(JSON.stringify({ ok: true }))
     })
   })
-  await new Promise<void>(resolve => server.listen(0, '127.0.0.1', resolve))
-  const { port } = server.address() as AddressInfo
+  const port = await listenOnLoopback(server)
   return {
     url: `http://127.0.0.1:${port}`,
     received,

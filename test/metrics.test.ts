@@ -1,12 +1,13 @@
 // The metrics registry, read back through its own exposition text: every
 // method moves its series, labels stay within fixed sets, histograms are well
 // formed; and classifyUpstreamError on real and constructed failures.
-import { createServer as createNetServer, type AddressInfo, type Server, type Socket } from 'node:net'
+import { createServer as createNetServer, type Server, type Socket } from 'node:net'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { register as globalRegistry } from 'prom-client'
 import t from 'tap'
 import { request } from 'undici'
 import { classifyUpstreamError, LATENCY_BUCKETS, ProxyMetrics, type UpstreamErrorKind } from '../src/metrics.js'
+import { listenOnLoopback } from './helpers.js'
 
 // ── a tiny parser for `name{a="x",b="y"} value` lines ─────────────────────────
 
@@ -257,8 +258,7 @@ t.test('every ProxyMetrics has its own registry; prom-client\'s global one is ne
 async function listenTcp (onSocket: (s: Socket) => void): Promise<{ port: number, close: () => Promise<void> }> {
   const sockets = new Set<Socket>()
   const server: Server = createNetServer(s => { sockets.add(s); s.on('close', () => sockets.delete(s)); s.on('error', () => undefined); onSocket(s) })
-  await new Promise<void>(resolve => server.listen(0, '127.0.0.1', resolve))
-  const { port } = server.address() as AddressInfo
+  const port = await listenOnLoopback(server)
   return { port, close: () => new Promise(resolve => { for (const s of sockets) s.destroy(); server.close(() => resolve()) }) }
 }
 

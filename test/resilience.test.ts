@@ -10,7 +10,7 @@ import { CredentialStore } from '../src/credentials.js'
 import { createLogger } from '../src/logger.js'
 import { buildProxyServer, upstreamsFor } from '../src/server.js'
 import { HeaderMinter, parseToken, secretKey, verifyToken } from '../src/token.js'
-import { ACCESS_KEY, LogCapture, SECRET, json, send, startProxy, startUpstream, testConfig } from './helpers.js'
+import { ACCESS_KEY, LogCapture, SECRET, json, listenOnLoopback, send, startProxy, startUpstream, testConfig } from './helpers.js'
 import { makePki } from './tls-fixtures.js'
 
 const key = secretKey(SECRET)
@@ -32,9 +32,9 @@ async function flakyUpstream (failFirst: number): Promise<{ url: string, tokens:
       else socket.end('HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok')
     })
   })
-  await new Promise<void>(resolve => server.listen(0, '127.0.0.1', resolve))
+  const port = await listenOnLoopback(server)
   return {
-    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+    url: `http://127.0.0.1:${port}`,
     tokens,
     connections: () => connections,
     close: () => new Promise(resolve => { for (const s of sockets) s.destroy(); server.close(() => resolve()) }),
@@ -147,9 +147,9 @@ async function httpsUpstream (pki: ReturnType<typeof makePki>, requireClientCert
     res.setHeader('content-type', 'application/json')
     res.end(JSON.stringify({ client: socket.getPeerCertificate().subject?.CN ?? null }))
   })
-  await new Promise<void>(resolve => server.listen(0, '127.0.0.1', resolve))
+  const port = await listenOnLoopback(server)
   return {
-    url: `https://127.0.0.1:${(server.address() as AddressInfo).port}`,
+    url: `https://127.0.0.1:${port}`,
     server,
     close: () => new Promise(resolve => { server.closeAllConnections(); server.close(() => resolve()) }),
   }

@@ -3,29 +3,24 @@
 import { execFileSync } from 'node:child_process'
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs'
 import { createServer as createHttpsServer } from 'node:https'
-import { createServer as createNetServer, type AddressInfo, type Server, type Socket } from 'node:net'
+import { createServer as createNetServer, type Socket } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import t from 'tap'
 import { upstreamErrorStatus } from '../src/proxy.js'
-import { json, send, startProxy, startUpstream } from './helpers.js'
-
-async function listen (server: Server): Promise<number> {
-  await new Promise<void>(resolve => server.listen(0, '127.0.0.1', resolve))
-  return (server.address() as AddressInfo).port
-}
+import { json, listenOnLoopback, send, startProxy, startUpstream } from './helpers.js'
 
 /** A TCP server that does `onSocket` with every connection, and tracks them for teardown. */
 async function tcpServer (onSocket: (s: Socket) => void): Promise<{ port: number, close: () => Promise<void> }> {
   const sockets = new Set<Socket>()
   const server = createNetServer(s => { sockets.add(s); s.on('close', () => sockets.delete(s)); s.on('error', () => undefined); onSocket(s) })
-  const port = await listen(server)
+  const port = await listenOnLoopback(server)
   return { port, close: () => new Promise(resolve => { for (const s of sockets) s.destroy(); server.close(() => resolve()) }) }
 }
 
 async function freePort (): Promise<number> {
   const s = createNetServer()
-  const port = await listen(s)
+  const port = await listenOnLoopback(s)
   await new Promise(resolve => s.close(resolve))
   return port
 }
@@ -90,7 +85,7 @@ t.test('TLS failure (certificate not trusted) → 502, and certificates are veri
     '-keyout', join(dir, 'key.pem'), '-out', join(dir, 'cert.pem')], { stdio: 'ignore' })
   let reached = 0
   const server = createHttpsServer({ key: readFileSync(join(dir, 'key.pem')), cert: readFileSync(join(dir, 'cert.pem')) }, (_req, res) => { reached++; res.end('tls ok') })
-  const port = await listen(server)
+  const port = await listenOnLoopback(server)
   const proxy = await startProxy({ COS_API_URL: `https://127.0.0.1:${port}` })
   t.teardown(async () => { await proxy.close(); server.closeAllConnections(); await new Promise(resolve => server.close(resolve)) })
   const res = await send(`${proxy.url}/x`)

@@ -10,7 +10,7 @@ import { ProxyMetrics } from '../../src/metrics.js'
 import { CredentialStore, readPair } from '../../src/credentials.js'
 import { createLogger } from '../../src/logger.js'
 import { buildProxyServer } from '../../src/server.js'
-import { LogCapture, startProxy, testConfig } from '../helpers.js'
+import { LogCapture, listenOnLoopback, startProxy, testConfig } from '../helpers.js'
 import { errorOf, get, rawRequest, startCountingUpstream, type CountingUpstream } from './raw.js'
 
 const OTHER = '127.0.0.2'
@@ -25,8 +25,7 @@ async function ipv6Works (): Promise<boolean> {
 
 async function canBind (address: string): Promise<boolean> {
   const s = createServer()
-  await new Promise<void>(resolve => s.listen(0, '127.0.0.1', resolve))
-  const { port } = s.address() as AddressInfo
+  const port = await listenOnLoopback(s)
   const res = await rawRequest(port, '', { localAddress: address, timeoutMs: 300 }).catch(() => undefined)
   await new Promise<void>(resolve => s.close(() => { resolve() }))
   return res?.error === undefined

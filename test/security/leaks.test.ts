@@ -15,7 +15,7 @@ import { RequestLog } from '../../src/request-log.js'
 import { Secret } from '../../src/secret.js'
 import { buildProxyServer } from '../../src/server.js'
 import { parseToken, queryEscape } from '../../src/token.js'
-import { ACCESS_KEY, LogCapture, SECRET, testConfig } from '../helpers.js'
+import { ACCESS_KEY, LogCapture, SECRET, listenOnLoopback, testConfig } from '../helpers.js'
 import { get, headerNames, rawRequest, startCountingUpstream, type RawResult } from './raw.js'
 
 /** Every form the secret could take in text. */
@@ -25,8 +25,7 @@ function secretForms (secret: string): string[] {
 
 async function closedPort (): Promise<number> {
   const s = createServer()
-  await new Promise<void>(resolve => s.listen(0, '127.0.0.1', resolve))
-  const { port } = s.address() as AddressInfo
+  const port = await listenOnLoopback(s)
   await new Promise<void>(resolve => s.close(() => { resolve() }))
   return port
 }

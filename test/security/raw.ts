@@ -2,8 +2,8 @@
 // byte the proxy sends back until it closes (or a bound is reached), and parses
 // what it got as a sequence of HTTP/1.1 responses (a smuggled second request
 // that gets answered shows up as a second response).
-import { connect, createServer, type AddressInfo, type Server, type Socket } from 'node:net'
-import { startUpstream, type Upstream } from '../helpers.js'
+import { connect, createServer, type Server, type Socket } from 'node:net'
+import { listenOnLoopback, startUpstream, type Upstream } from '../helpers.js'
 
 export interface RawResponse {
   readonly status: number
@@ -301,8 +301,7 @@ export async function startTap (targetPort: number): Promise<Tap> {
     client.on('error', drop)
     target.on('error', drop)
   })
-  await new Promise<void>(resolve => server.listen(0, '127.0.0.1', resolve))
-  const { port } = server.address() as AddressInfo
+  const port = await listenOnLoopback(server)
   return {
     url: `http://127.0.0.1:${port}`,
     port,

@@ -2,9 +2,9 @@
 // status and JSON error code, that no upstream saw anything, and that the
 // proxy keeps serving afterwards. `layer` records which part of the stack
 // answered (documentation for the report; only the contract is asserted).
-import { createServer, type AddressInfo } from 'node:net'
+import { createServer } from 'node:net'
 import t, { type Test } from 'tap'
-import { send, startProxy, type RunningProxy } from '../helpers.js'
+import { listenOnLoopback, send, startProxy, type RunningProxy } from '../helpers.js'
 import { errorOf, get, headerNames, rawRequest, startCountingUpstream, type CountingUpstream, type RawOptions, type RawResponse } from './raw.js'
 
 interface Rig {
@@ -124,9 +124,9 @@ t.test('nothing a client writes makes the proxy connect anywhere but its upstrea
     socket.on('data', (d: Buffer) => { hits.push(d.toString('latin1').split('\r\n')[0] ?? '') })
     socket.end('HTTP/1.1 200 OK\r\ncontent-length: 6\r\n\r\ncanary')
   })
-  await new Promise<void>(resolve => canary.listen(0, '127.0.0.1', resolve))
+  const canaryPort = await listenOnLoopback(canary)
   t.teardown(() => new Promise<void>(resolve => { canary.close(() => { resolve() }) }))
-  const c = `127.0.0.1:${(canary.address() as AddressInfo).port}`
+  const c = `127.0.0.1:${canaryPort}`
   // the catch-all route without a base path is the easiest to confuse
   const up = await startCountingUpstream()
   const proxy = await startProxy({ COS_MANAGEMENT_API_URL: up.url, COS_API_URL: up.url })
