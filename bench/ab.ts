@@ -29,7 +29,7 @@ import { parseArgs } from 'node:util'
 import { fixed, table } from './format.js'
 import {
   ROOT, choosePinning, cpuTicks, installCleanup, machine, median, pinProcess, runLoad, scratchDir, startFloor, startProxy,
-  startUpstream, stopAll, workloadLoad, WORKLOADS, type Server,
+  startUpstream, stopAll, workloadLoad, parseWorkload, type Server,
 } from './harness.js'
 
 const { values } = parseArgs({
@@ -45,7 +45,6 @@ const { values } = parseArgs({
 const connections = Number(values.connections)
 const rounds = Number(values.rounds)
 const seconds = Number(values.seconds)
-const workload = WORKLOADS.find(w => w === values.workload)
 const progress = (s: string): void => { process.stderr.write(s + '\n') }
 
 /** Builds `ref` in a temporary worktree; returns its cli.js and a cleanup. */
@@ -68,7 +67,7 @@ function buildRef (ref: string): { cli: string, commit: string, remove: () => vo
 }
 
 async function main (): Promise<void> {
-  if (workload === undefined) throw new Error(`--workload must be one of ${WORKLOADS.join(', ')}`)
+  const workload = parseWorkload(values.workload)
   installCleanup()
   const m = machine()
   const pin = choosePinning(m.cores, true)

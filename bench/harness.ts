@@ -369,6 +369,13 @@ export const WORKLOADS: readonly Workload[] = ['small', 'get-1mib', 'post-1mib']
 export const SMALL_PATH = '/api/v1/clusters'
 const UPLOAD = Buffer.alloc(1024 * 1024, 'b')
 
+/** A --workload option's value, or an error naming the choices. */
+export function parseWorkload (value: string | undefined): Workload {
+  const workload = WORKLOADS.find(w => w === value)
+  if (workload === undefined) throw new Error(`--workload must be one of ${WORKLOADS.join(', ')}`)
+  return workload
+}
+
 /** The request each workload sends to a server at `url` (see upstream.mjs). */
 export function workloadLoad (workload: Workload, url: string, connections: number, duration: number): Load {
   switch (workload) {

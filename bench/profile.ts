@@ -14,7 +14,7 @@ import { parseArgs } from 'node:util'
 import { fixed, table } from './format.js'
 import {
   BENCH_DIR, ROOT, awaitQuiet, choosePinning, installCleanup, machine, measure, pinProcess, runLoad, scratchDir, startFloor,
-  startProxy, startUpstream, stopAll, stopChild, workloadLoad, WORKLOADS,
+  startProxy, startUpstream, stopAll, stopChild, workloadLoad, parseWorkload,
 } from './harness.js'
 
 interface CallFrame { readonly functionName: string, readonly url: string, readonly lineNumber: number }
@@ -145,8 +145,7 @@ async function main (): Promise<void> {
     },
   })
   if (values.target !== 'proxy' && values.target !== 'floor') throw new Error('--target must be proxy or floor')
-  const workload = WORKLOADS.find(w => w === values.workload)
-  if (workload === undefined) throw new Error(`--workload must be one of ${WORKLOADS.join(', ')}`)
+  const workload = parseWorkload(values.workload)
   installCleanup()
   const m = machine()
   const pin = choosePinning(m.cores, true)

@@ -54,9 +54,12 @@ function writeRawError (socket: Duplex, status: number, code: string, message: s
 
 const STATUS_CODES_TEXT: Readonly<Record<number, string>> = { 400: 'Bad Request', 408: 'Request Timeout', 431: 'Request Header Fields Too Large' }
 
+/** A server socket as Node's HTTP server keeps it: `_httpMessage` is the response in progress on it, if any. */
+type WithPendingResponse<T> = T & { _httpMessage?: ServerResponse | null }
+
 /** Whether an error written now would be misread (see rejectMalformed). */
 function answerUnderWay (socket: Duplex): boolean {
-  const pending = (socket as Duplex & { _httpMessage?: ServerResponse | null })._httpMessage
+  const pending = (socket as WithPendingResponse<Duplex>)._httpMessage
   return pending != null && (pending.headersSent || pending.req.complete)
 }
 
@@ -148,11 +151,10 @@ function requestGuard (config: Config): (raw: IncomingMessage) => Refusal | unde
  * its last response.
  */
 interface ConnectionState { lastBusy: number, bytesWritten: number }
-type ServerSocket = Socket & { _httpMessage?: ServerResponse | null }
 
 function reapIdleConnections (server: Server, idleMs: number): void {
-  const connections = new Map<ServerSocket, ConnectionState>()
-  server.on('connection', (socket: ServerSocket) => {
+  const connections = new Map<WithPendingResponse<Socket>, ConnectionState>()
+  server.on('connection', (socket: WithPendingResponse<Socket>) => {
     connections.set(socket, { lastBusy: performance.now(), bytesWritten: 0 })
     socket.once('close', () => connections.delete(socket))
   })
