@@ -5,6 +5,8 @@ import type { IncomingHttpHeaders } from 'node:http'
 import { performance } from 'node:perf_hooks'
 import { Readable, Transform, type TransformCallback } from 'node:stream'
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
+// Before @fastify/http-proxy, which loads reply-from: see the module.
+import './reply-from-patch.js'
 import httpProxy from '@fastify/http-proxy'
 import type { FastifyReplyFromHooks } from '@fastify/reply-from'
 import type { Route, RouteName } from './config.js'
