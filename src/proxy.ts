@@ -5,6 +5,8 @@ import type { IncomingHttpHeaders } from 'node:http'
 import { performance } from 'node:perf_hooks'
 import { Readable, Transform, type TransformCallback } from 'node:stream'
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
+// Before @fastify/http-proxy, which loads reply-from: see the module.
+import './reply-from-patch.js'
 import httpProxy from '@fastify/http-proxy'
 import type { FastifyReplyFromHooks } from '@fastify/reply-from'
 import type { Route, RouteName } from './config.js'
@@ -48,12 +50,13 @@ export interface ProxyOptions {
   readonly maxBodyBytes?: number
 }
 
-// Hop-by-hop (RFC 9110 §7.6.1) plus the client's own credentials. `expect`
-// is answered by Node's server itself (100-continue) and undici refuses it.
+// Hop-by-hop (RFC 9110 §7.6.1; HTTP2-Settings of an h2c upgrade, RFC 7540
+// §3.2.1, even when Connection does not name it) plus the client's own credentials.
+// `expect` is answered by Node's server itself (100-continue) and undici refuses it.
 // Those present are set to undefined rather than deleted (undici skips
 // undefined values and the object keeps its fast shape); absent ones are not
 // touched, so the object does not grow keys that reply-from then copies.
-const DROP_REQUEST = ['authorization', 'proxy-authorization', 'proxy-connection', 'keep-alive', 'te', 'trailer', 'upgrade', 'expect'] as const
+const DROP_REQUEST = ['authorization', 'proxy-authorization', 'proxy-connection', 'keep-alive', 'te', 'trailer', 'upgrade', 'http2-settings', 'expect'] as const
 const DROP_RESPONSE: ReadonlySet<string> = new Set(['connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'upgrade'])
 
 function connectionTokens (value: string | string[]): string[] {

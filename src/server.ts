@@ -93,6 +93,12 @@ const MAX_RAW_HEADER_ENTRIES = 2000
 const FORWARDED_METHODS = new Set<string>(PROXY_METHODS)
 const ALLOW = PROXY_METHODS.join(', ')
 
+// Any other Upgrade (h2c from Java's HttpClient and `curl --http2`) is ignored,
+// as RFC 9110 §7.8 allows: the request is served as HTTP/1.1 and the header is
+// not forwarded. A WebSocket client would wait for a socket it will not get.
+// (Node joins a repeated Upgrade into one comma-separated value.)
+const WEBSOCKET_UPGRADE = /(?:^|,)[ \t]*websocket[ \t]*(?:\/[^,]*)?(?:,|$)/i
+
 /**
  * Everything refused before routing, in order: who is asking, how, for what.
  * Returns the refusal, or undefined to let the request through.
@@ -122,7 +128,7 @@ function requestGuard (config: Config): (raw: IncomingMessage) => Refusal | unde
       return [431, 'request_header_fields_too_large', 'the request headers exceed 16 KiB']
     }
     if (!FORWARDED_METHODS.has(raw.method ?? '')) return [405, 'method_not_allowed', `${raw.method ?? ''} is not forwarded (TRACE could echo the token back)`]
-    if (raw.headers.upgrade !== undefined) return [405, 'method_not_allowed', 'protocol upgrades (WebSocket) are not supported']
+    if (raw.headers.upgrade !== undefined && WEBSOCKET_UPGRADE.test(raw.headers.upgrade)) return [405, 'method_not_allowed', 'WebSocket upgrades are not supported']
     const problem = targetProblem(raw.url ?? '', config.routes)
     if (problem !== undefined) return [400, 'bad_request', problem]
     // Node joins a repeated header into one value, so "sent twice" is counted on the raw lines.

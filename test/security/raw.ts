@@ -135,6 +135,10 @@ export interface RawRequestHead {
   readonly bodyBytes: number
   /** The body was complete in the bytes seen. */
   readonly complete: boolean
+  /** This request's bytes as sent, head and framed body. */
+  readonly bytes: Buffer
+  /** The body's content (a chunked one decoded); empty unless complete. */
+  readonly body: Buffer
 }
 
 /**
@@ -157,20 +161,23 @@ export function parseRequests (buf: Buffer): RawRequestHead[] {
     const start = headEnd + 4
     const te = headers['transfer-encoding']?.join(',').toLowerCase() ?? ''
     const cl = headers['content-length']?.[0]
+    const requestLine = lines[0] ?? ''
+    const empty = Buffer.alloc(0)
     if (te.includes('chunked')) {
       const chunked = chunkedBody(buf, start)
       if (chunked === undefined) {
-        out.push({ requestLine: lines[0] ?? '', headers, bodyBytes: buf.length - start, complete: false })
+        out.push({ requestLine, headers, bodyBytes: buf.length - start, complete: false, bytes: buf.subarray(pos), body: empty })
         break
       }
-      out.push({ requestLine: lines[0] ?? '', headers, bodyBytes: chunked.body.length, complete: true })
+      out.push({ requestLine, headers, bodyBytes: chunked.body.length, complete: true, bytes: buf.subarray(pos, chunked.end), body: chunked.body })
       pos = chunked.end
     } else {
       const n = cl === undefined ? 0 : Number(cl)
       const complete = buf.length >= start + n
-      out.push({ requestLine: lines[0] ?? '', headers, bodyBytes: Math.min(n, buf.length - start), complete })
+      const end = Math.min(start + n, buf.length)
+      out.push({ requestLine, headers, bodyBytes: end - start, complete, bytes: buf.subarray(pos, end), body: complete ? buf.subarray(start, end) : empty })
       if (!complete) break
-      pos = start + n
+      pos = end
     }
   }
   return out
@@ -319,4 +326,73 @@ export function get (path: string, extra = ''): string {
 /** The names of the headers in a raw response, lower-cased. */
 export function headerNames (res: RawResponse): string[] {
   return res.rawHeaders.map(([name]) => name.toLowerCase())
+}
+
+export interface Conversation {
+  /** Every response parsed, 1xx included. */
+  readonly responses: readonly RawResponse[]
+  /** Final responses, in order: one per request answered. */
+  readonly finals: readonly RawResponse[]
+  /** Requests written. */
+  readonly sent: number
+  /** Bytes after the last complete response. */
+  readonly leftover: Buffer
+  /** The peer ended or closed the connection. */
+  readonly closedByPeer: boolean
+  /** A request went unanswered for `timeoutMs`. */
+  readonly timedOut: boolean
+  readonly error: string | undefined
+}
+
+/**
+ * One connection, one request at a time, as a keep-alive client that does not
+ * pipeline (Java's HttpClient, curl, Go, requests): each request is written
+ * once the previous one has its final response. Stops when the peer closes, a
+ * request goes unanswered for `timeoutMs` (default 3000), or `settleMs`
+ * (default 150) after the last answer without more bytes.
+ */
+export function converse (port: number, requests: readonly (string | Buffer)[], opts: { timeoutMs?: number, settleMs?: number } = {}): Promise<Conversation> {
+  const timeoutMs = opts.timeoutMs ?? 3000
+  const settleMs = opts.settleMs ?? 150
+  return new Promise(resolve => {
+    const chunks: Buffer[] = []
+    let sent = 0
+    let closedByPeer = false
+    let timedOut = false
+    let error: string | undefined
+    let done = false
+    let timer: NodeJS.Timeout | undefined
+    const socket = connect({ host: '127.0.0.1', port })
+    const finish = (): void => {
+      if (done) return
+      done = true
+      clearTimeout(timer)
+      socket.destroy()
+      const { responses, consumed } = parseResponses(Buffer.concat(chunks), closedByPeer)
+      const bytes = Buffer.concat(chunks)
+      resolve({ responses, finals: responses.filter(isFinal), sent, leftover: bytes.subarray(consumed), closedByPeer, timedOut, error })
+    }
+    const wait = (ms: number, onTimeout: () => void): void => {
+      clearTimeout(timer)
+      timer = setTimeout(onTimeout, ms)
+    }
+    const next = (): void => {
+      if (sent === requests.length) {
+        wait(settleMs, finish)
+        return
+      }
+      const request = requests[sent++] ?? ''
+      socket.write(typeof request === 'string' ? Buffer.from(request, 'latin1') : request)
+      wait(timeoutMs, () => { timedOut = true; finish() })
+    }
+    socket.on('data', (chunk: Buffer) => {
+      chunks.push(chunk)
+      const answered = parseResponses(Buffer.concat(chunks), false).responses.filter(isFinal).length
+      if (answered >= sent) next()
+    })
+    socket.on('end', () => { closedByPeer = true; finish() })
+    socket.on('close', () => { closedByPeer = true; finish() })
+    socket.on('error', (err: NodeJS.ErrnoException) => { error = err.code ?? err.message; finish() })
+    socket.once('connect', next)
+  })
 }

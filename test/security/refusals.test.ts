@@ -323,12 +323,13 @@ t.test('COS_MAX_BODY_BYTES: a Content-Length above it, or a chunked body that gr
   }
 })
 
-t.test('protocol upgrades → 405', async t => {
+t.test('WebSocket upgrades → 405 (other upgrades are ignored: test/security/upgrade.test.ts)', async t => {
   const r = await rig(t)
   const cases: [string, string][] = [
     ['WebSocket upgrade', 'Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n'],
     ['WebSocket upgrade, odd case', 'connection: keep-alive, UPGRADE\r\nupgrade: WebSocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n'],
-    ['h2c upgrade', 'Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n'],
+    ['WebSocket among other upgrade tokens', 'Connection: Upgrade\r\nUpgrade: h2c, websocket/13\r\n'],
+    ['WebSocket in a repeated Upgrade header', 'Connection: Upgrade\r\nUpgrade: h2c\r\nUpgrade: WEBSOCKET\r\n'],
     ['Upgrade without Connection: upgrade', `Upgrade: websocket\r\n${C}`],
   ]
   for (const [name, headers] of cases) {
