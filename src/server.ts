@@ -1,14 +1,15 @@
 // Wiring and lifecycle: config → credentials, upstreams, metrics, proxy and
 // admin listeners, and the drain on SIGTERM / SIGINT / POST /quitquitquit.
 import { randomUUID } from 'node:crypto'
-import type { IncomingMessage, Server, ServerResponse } from 'node:http'
-import type { AddressInfo, Socket } from 'node:net'
+import type { IncomingMessage } from 'node:http'
+import type { AddressInfo } from 'node:net'
 import type { Duplex } from 'node:stream'
 import { performance } from 'node:perf_hooks'
 import { setTimeout as sleep } from 'node:timers/promises'
 import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply } from 'fastify'
 import type { Logger } from 'pino'
 import { buildAdminServer, type Readiness } from './admin.js'
+import { reapIdleConnections, type WithPendingResponse } from './connections.js'
 import { PROXY_METHODS, type Config } from './config.js'
 import { CredentialWatcher } from './credential-watcher.js'
 import { CredentialStore } from './credentials.js'
@@ -53,9 +54,6 @@ function writeRawError (socket: Duplex, status: number, code: string, message: s
 }
 
 const STATUS_CODES_TEXT: Readonly<Record<number, string>> = { 400: 'Bad Request', 408: 'Request Timeout', 431: 'Request Header Fields Too Large' }
-
-/** A server socket as Node's HTTP server keeps it: `_httpMessage` is the response in progress on it, if any. */
-type WithPendingResponse<T> = T & { _httpMessage?: ServerResponse | null }
 
 /** Whether an error written now would be misread (see rejectMalformed). */
 function answerUnderWay (socket: Duplex): boolean {
@@ -134,44 +132,6 @@ function requestGuard (config: Config): (raw: IncomingMessage) => Refusal | unde
     }
     return undefined
   }
-}
-
-/**
- * Closes connections that sit without a request in flight for longer than
- * the keep-alive timeout. Node's own keep-alive timer is a socket timeout,
- * which any byte resets (a client can trickle empty lines forever), and a
- * connection that never sends a byte has no timer at all: either could hold
- * a slot of COS_MAX_CONNECTIONS indefinitely.
- *
- * Nothing is done per request: a sweep (every second at most) looks at each
- * connection. One with a response under way (`_httpMessage`), or that was
- * written to since the last sweep (only responses write: trickled bytes do
- * not count), is busy now; one that was neither for `idleMs` is closed. So a
- * connection is reaped between idleMs and idleMs + the sweep interval after
- * its last response.
- */
-interface ConnectionState { lastBusy: number, bytesWritten: number }
-
-function reapIdleConnections (server: Server, idleMs: number): void {
-  const connections = new Map<WithPendingResponse<Socket>, ConnectionState>()
-  server.on('connection', (socket: WithPendingResponse<Socket>) => {
-    connections.set(socket, { lastBusy: performance.now(), bytesWritten: 0 })
-    socket.once('close', () => connections.delete(socket))
-  })
-  const sweep = setInterval(() => {
-    const now = performance.now()
-    for (const [socket, state] of connections) {
-      const written = socket.bytesWritten
-      if (socket._httpMessage != null || written !== state.bytesWritten) {
-        state.lastBusy = now
-        state.bytesWritten = written
-      } else if (now - state.lastBusy >= idleMs) {
-        connections.delete(socket)
-        socket.destroy()
-      }
-    }
-  }, Math.max(10, Math.min(1000, idleMs / 2))).unref()
-  server.once('close', () => clearInterval(sweep))
 }
 
 export interface ProxyServerOptions {
