@@ -54,7 +54,12 @@ export interface Config {
   readonly mockHost: string
   /** Fallback re-read period of the credential files (they are also watched). */
   readonly credentialsReloadMs: number
-  readonly admin: { readonly host: string, readonly port: number }
+  readonly admin: {
+    readonly host: string
+    readonly port: number
+    /** Connections the admin listener holds at once (it serves probes and scrapers). */
+    readonly maxConnections: number
+  }
   readonly shutdownDelayMs: number
   readonly shutdownTimeoutMs: number
   /** Longest silence allowed while a body streams, either way. */
@@ -111,6 +116,7 @@ export const VARIABLES = {
   COS_CREDENTIALS_RELOAD_MS: { ...TIMEOUT, default: 1_000 },
   COS_ADMIN_HOST: { type: 'string', default: '127.0.0.1', expect: 'must be an IP address or host name' },
   COS_ADMIN_PORT: { type: 'integer', default: 9090, minimum: 0, maximum: 65535, expect: 'must be a port number 0-65535' },
+  COS_ADMIN_MAX_CONNECTIONS: { type: 'integer', default: 64, minimum: 1, maximum: 1_000_000, expect: 'must be a whole number of connections ≥ 1' },
   COS_SHUTDOWN_DELAY_MS: { type: 'integer', default: 0, minimum: 0, maximum: 2_147_483_647, expect: 'must be a whole number of milliseconds ≥ 0' },
   COS_SHUTDOWN_TIMEOUT_MS: { ...TIMEOUT, default: 25_000 },
   COS_BODY_IDLE_TIMEOUT_MS: { ...TIMEOUT, default: 60_000 },
@@ -215,7 +221,7 @@ function build (raw: Raw, needs: NonNullable<LoadOptions['needs']>): Config {
     throw new ConfigError('COS_OPTIMIZE_PATH_PREFIX', `must not overlap COS_MANAGEMENT_PATH_PREFIX (both claim ${JSON.stringify(optimize.prefix)})`)
   }
   if (api) routes.push(api)
-  const admin = { host: hostname('COS_ADMIN_HOST', raw.COS_ADMIN_HOST ?? '127.0.0.1'), port: raw.COS_ADMIN_PORT }
+  const admin = { host: hostname('COS_ADMIN_HOST', raw.COS_ADMIN_HOST ?? '127.0.0.1'), port: raw.COS_ADMIN_PORT, maxConnections: raw.COS_ADMIN_MAX_CONNECTIONS }
   if (admin.port !== 0 && admin.port === raw.COS_LISTEN_PORT && (admin.host === host || [admin.host, host].some(h => h === '0.0.0.0' || h === '::'))) {
     throw new ConfigError('COS_ADMIN_PORT', `must differ from COS_LISTEN_PORT (${admin.port}): health and metrics never share the proxy port`)
   }

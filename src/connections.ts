@@ -6,6 +6,10 @@ import { performance } from 'node:perf_hooks'
 /** A server socket as Node's HTTP server keeps it: `_httpMessage` is the response in progress on it, if any. */
 export type WithPendingResponse<T> = T & { _httpMessage?: ServerResponse | null }
 
+interface ConnectionState { lastBusy: number, bytesWritten: number }
+
+type Connections = Map<WithPendingResponse<Socket>, ConnectionState>
+
 /**
  * Closes connections that sit without a request in flight for longer than
  * the keep-alive timeout. Node's own keep-alive timer is a socket timeout,
@@ -19,12 +23,19 @@ export type WithPendingResponse<T> = T & { _httpMessage?: ServerResponse | null 
  * not count), is busy now; one that was neither for `idleMs` is closed. So a
  * connection is reaped between idleMs and idleMs + the sweep interval after
  * its last response.
+ *
+ * With `maxConnections`, a connection that arrives while that many are open
+ * displaces the one idle the longest, so that idle connections, however
+ * many are opened, cannot lock out a client that comes to send a request
+ * (a kubelet's probe); only when none is idle is the newcomer closed.
  */
-interface ConnectionState { lastBusy: number, bytesWritten: number }
-
-export function reapIdleConnections (server: Server, idleMs: number): void {
-  const connections = new Map<WithPendingResponse<Socket>, ConnectionState>()
+export function reapIdleConnections (server: Server, idleMs: number, maxConnections = Infinity): void {
+  const connections: Connections = new Map()
   server.on('connection', (socket: WithPendingResponse<Socket>) => {
+    if (connections.size >= maxConnections && !closeIdlest(connections)) {
+      socket.destroy()
+      return
+    }
     connections.set(socket, { lastBusy: performance.now(), bytesWritten: 0 })
     socket.once('close', () => connections.delete(socket))
   })
@@ -42,4 +53,20 @@ export function reapIdleConnections (server: Server, idleMs: number): void {
     }
   }, Math.max(10, Math.min(1000, idleMs / 2))).unref()
   server.once('close', () => clearInterval(sweep))
+}
+
+/** Closes the connection without a response under way that was busy longest ago; false when every one is busy. */
+function closeIdlest (connections: Connections): boolean {
+  let idlest: WithPendingResponse<Socket> | undefined
+  let since = Infinity
+  for (const [socket, state] of connections) {
+    if (socket._httpMessage == null && state.lastBusy < since) {
+      idlest = socket
+      since = state.lastBusy
+    }
+  }
+  if (idlest === undefined) return false
+  connections.delete(idlest)
+  idlest.destroy()
+  return true
 }

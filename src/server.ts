@@ -365,7 +365,7 @@ export async function serve (opts: ServeOptions): Promise<void> {
       (err: unknown) => { logger.error({ err }, 'shutdown failed'); exitAfterFlush(logger, 1) })
   }
 
-  const admin = buildAdminServer({ metrics, readiness, onQuit: () => stop('quitquitquit'), logger })
+  const admin = buildAdminServer({ metrics, readiness, onQuit: () => stop('quitquitquit'), logger, limits: { maxConnections: config.admin.maxConnections } })
   await admin.listen({ host: config.admin.host, port: config.admin.port })
   await app.listen({ host: config.listen.host, port: config.listen.port })
   listening = true

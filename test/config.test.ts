@@ -82,6 +82,8 @@ t.test('each bad value exits with a line naming the variable', async t => {
     [{ ...base, COS_API_ALLOWED_METHODS: 'GET,CONNECT' }, 'COS_API_ALLOWED_METHODS', /CONNECT/],
     [{ ...base, COS_MAX_BODY_BYTES: '-1' }, 'COS_MAX_BODY_BYTES', /bytes/],
     [{ ...base, COS_MAX_CONNECTIONS: '0' }, 'COS_MAX_CONNECTIONS', /connections/],
+    [{ ...base, COS_ADMIN_MAX_CONNECTIONS: '0' }, 'COS_ADMIN_MAX_CONNECTIONS', /connections/],
+    [{ ...base, COS_ADMIN_MAX_CONNECTIONS: 'few' }, 'COS_ADMIN_MAX_CONNECTIONS', /connections/],
     [{ ...base, COS_HEADERS_TIMEOUT_MS: 'soon' }, 'COS_HEADERS_TIMEOUT_MS', /milliseconds/],
     [{ ...base, COS_ADMIN_PORT: '8080' }, 'COS_ADMIN_PORT', /differ from COS_LISTEN_PORT/],
     [{ ...base, COS_CLIENT_CERT_FILE: '/c.pem' }, 'COS_CLIENT_KEY_FILE', /other half/],
@@ -110,6 +112,8 @@ t.test('security settings: defaults and parsing', async t => {
   t.equal(d.requireHeader, undefined)
   t.equal(d.maxBodyBytes, 0)
   t.same(d.client, { headersTimeoutMs: 10000, requestTimeoutMs: 300000, keepAliveTimeoutMs: 5000, maxConnections: 1024 })
+  t.same(d.admin, { host: '127.0.0.1', port: 9090, maxConnections: 64 }, 'the admin listener holds 64 connections at most')
+  t.equal(load({ ...base, COS_ADMIN_MAX_CONNECTIONS: '8' }).admin.maxConnections, 8)
   const c = load({
     ...base,
     COS_ALLOW_FROM: '10.0.0.0/8, fd00::/8',
