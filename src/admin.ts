@@ -3,6 +3,7 @@
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify'
 import { reapIdleConnections } from './connections.js'
 import { sendError } from './errors.js'
+import { fromWebPage } from './guard.js'
 import type { ProxyMetrics } from './metrics.js'
 
 export type Readiness = { readonly ready: true } | { readonly ready: false, readonly reason: string }
@@ -94,6 +95,16 @@ export function buildAdminServer (opts: AdminOptions): FastifyInstance {
   // /quitquitquit; any small body is accepted and ignored.
   app.removeAllContentTypeParsers()
   app.addContentTypeParser('*', { parseAs: 'buffer' }, (_request, _body, done) => { done(null) })
+
+  // No web page has any business here: a form on any site could otherwise
+  // POST /quitquitquit through the developer's browser.
+  app.addHook('onRequest', (request, reply, done) => {
+    if (fromWebPage(request.headers.origin, request.headers['sec-fetch-site'])) {
+      sendError(reply, 403, 'forbidden_origin', 'the admin endpoints do not answer web pages (Origin, or Sec-Fetch-Site other than none)')
+      return
+    }
+    done()
+  })
 
   app.setNotFoundHandler((request, reply) => {
     const path = request.url.split('?', 1)[0] ?? ''

@@ -14,7 +14,7 @@ import { PROXY_METHODS, type Config } from './config.js'
 import { CredentialWatcher } from './credential-watcher.js'
 import { CredentialStore } from './credentials.js'
 import { sendError } from './errors.js'
-import { allowList, hasRequiredHeader, peerAllowed, targetProblem } from './guard.js'
+import { allowList, browserPolicy, hasRequiredHeader, hostProblem, isLoopbackAddress, originProblem, peerAllowed, targetProblem } from './guard.js'
 import { ProxyMetrics, classifyUpstreamError } from './metrics.js'
 import { proxyPlugin, type ProxyObserver } from './proxy.js'
 import { RequestLog, type RequestObserver } from './request-log.js'
@@ -100,6 +100,9 @@ function requestGuard (config: Config): (raw: IncomingMessage) => Refusal | unde
   const checkedPeers = new WeakMap<object, boolean>()
   const required = config.requireHeader
   const maxBody = config.maxBodyBytes
+  const browsers = browserPolicy(config)
+  // The Host last let through: a client repeats its own, so most requests cost one comparison.
+  let hostPassed: string | undefined
   return (raw) => {
     // Checked once per connection: the peer of a socket does not change.
     let peerOk = checkedPeers.get(raw.socket)
@@ -123,6 +126,17 @@ function requestGuard (config: Config): (raw: IncomingMessage) => Refusal | unde
     if (raw.headers.upgrade !== undefined) return [405, 'method_not_allowed', 'protocol upgrades (WebSocket) are not supported']
     const problem = targetProblem(raw.url ?? '', config.routes)
     if (problem !== undefined) return [400, 'bad_request', problem]
+    const headers = raw.headers
+    const fetchSite = headers['sec-fetch-site']
+    if (headers.origin !== undefined || fetchSite !== undefined) {
+      const fromPage = originProblem(browsers, headers.origin, fetchSite)
+      if (fromPage !== undefined) return [403, 'forbidden_origin', fromPage]
+    }
+    if (headers.host !== hostPassed) {
+      const rebound = hostProblem(browsers, headers.host)
+      if (rebound !== undefined) return [403, 'forbidden_host', rebound]
+      hostPassed = headers.host
+    }
     // Node joins a repeated header into one value, so "sent twice" is counted on the raw lines.
     if (required !== undefined && (requiredSeen !== 1 || !hasRequiredHeader(required, raw.headers[required.name]))) {
       return [403, 'missing_required_header', `requests must carry the ${required.name} header once (COS_REQUIRE_HEADER)`]
@@ -252,10 +266,6 @@ function exitAfterFlush (logger: Logger, code: number): void {
   logger.flush(() => process.exit(code))
 }
 
-function isLoopback (host: string): boolean {
-  return host === 'localhost' || host === '::1' || /^127\./.test(host)
-}
-
 export interface ServeOptions {
   readonly config: Config
   readonly logger: Logger
@@ -373,7 +383,7 @@ export async function serve (opts: ServeOptions): Promise<void> {
   process.on('SIGTERM', () => stop('SIGTERM'))
   process.on('SIGINT', () => stop('SIGINT'))
 
-  if (config.allowFromIsDefault && !isLoopback(config.listen.host)) {
+  if (config.allowFromIsDefault && !isLoopbackAddress(config.listen.host)) {
     logger.warn({ host: config.listen.host, allowFrom: config.allowFrom },
       'listening beyond loopback with the default COS_ALLOW_FROM: only 127.0.0.0/8 and ::1 may use the proxy; set COS_ALLOW_FROM to the CIDRs of your clients (and restrict them with a NetworkPolicy)')
   }
