@@ -1,10 +1,32 @@
 // The admin listener: probes, metrics and the drain trigger. A Fastify
 // instance of its own, so it never shares the proxy's port, hooks or logs.
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify'
+import { reapIdleConnections } from './connections.js'
 import { sendError } from './errors.js'
+import { fromWebPage } from './guard.js'
 import type { ProxyMetrics } from './metrics.js'
 
 export type Readiness = { readonly ready: true } | { readonly ready: false, readonly reason: string }
+
+/**
+ * What the admin listener may hold of the process. It serves a kubelet (one
+ * short connection per probe) and a scraper or two (one keep-alive
+ * connection each): Node's defaults (no cap, 72 s keep-alive, 60 s for the
+ * headers) let idle connections pile up until the process runs out of
+ * descriptors and the proxy, the probes and the credential reads all fail.
+ */
+export interface AdminLimits {
+  /** Open at once (COS_ADMIN_MAX_CONNECTIONS); at the cap a new connection displaces the one idle longest. */
+  readonly maxConnections: number
+  /** For a request's headers to arrive; a probe sends them at once. */
+  readonly headersTimeoutMs: number
+  /** For the whole request (bodies are 1 KiB at most). */
+  readonly requestTimeoutMs: number
+  /** A connection without a request in flight for this long is closed. */
+  readonly idleTimeoutMs: number
+}
+
+export const ADMIN_LIMITS: AdminLimits = { maxConnections: 64, headersTimeoutMs: 5_000, requestTimeoutMs: 10_000, idleTimeoutMs: 5_000 }
 
 export interface AdminOptions {
   readonly metrics: ProxyMetrics
@@ -14,6 +36,8 @@ export interface AdminOptions {
   readonly onQuit: () => void
   /** Admin requests are logged at debug only; false or absent: not at all. */
   readonly logger?: FastifyBaseLogger | false
+  /** ADMIN_LIMITS where not given. */
+  readonly limits?: Partial<AdminLimits>
 }
 
 /** Whether a peer is the pod itself. */
@@ -49,17 +73,38 @@ class AdminLog extends LogController {
 /** Routes registered, not listening: the caller listens (and closes it last, so /healthz answers through the drain). */
 export function buildAdminServer (opts: AdminOptions): FastifyInstance {
   const { metrics } = opts
+  const limits = { ...ADMIN_LIMITS, ...opts.limits }
   const app = Fastify({
     // No loggerInstance: Fastify's logger stays off.
     loggerInstance: opts.logger === false ? undefined : opts.logger,
     logController: new AdminLog(),
     bodyLimit: 1024,
+    keepAliveTimeout: limits.idleTimeoutMs,
+    requestTimeout: limits.requestTimeoutMs,
+    http: {
+      headersTimeout: limits.headersTimeoutMs,
+      requestTimeout: limits.requestTimeoutMs,
+      keepAliveTimeout: limits.idleTimeoutMs,
+      // How often those timeouts are enforced (Node's default is 30 s).
+      connectionsCheckingInterval: Math.min(1000, limits.headersTimeoutMs),
+    },
   })
+  reapIdleConnections(app.server, limits.idleTimeoutMs, limits.maxConnections)
 
   // `curl -d ''` and `wget --post-data` send a form content type to
   // /quitquitquit; any small body is accepted and ignored.
   app.removeAllContentTypeParsers()
   app.addContentTypeParser('*', { parseAs: 'buffer' }, (_request, _body, done) => { done(null) })
+
+  // No web page has any business here: a form on any site could otherwise
+  // POST /quitquitquit through the developer's browser.
+  app.addHook('onRequest', (request, reply, done) => {
+    if (fromWebPage(request.headers.origin, request.headers['sec-fetch-site'])) {
+      sendError(reply, 403, 'forbidden_origin', 'the admin endpoints do not answer web pages (Origin, or Sec-Fetch-Site other than none)')
+      return
+    }
+    done()
+  })
 
   app.setNotFoundHandler((request, reply) => {
     const path = request.url.split('?', 1)[0] ?? ''

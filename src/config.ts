@@ -1,9 +1,10 @@
 // Environment → one validated, typed, frozen Config. Every error names the
 // variable; a secret's value is never echoed.
 import { readFileSync } from 'node:fs'
-import { isIP } from 'node:net'
+import { isIP, isIPv6 } from 'node:net'
 import { parseEnv } from 'node:util'
 import envSchema from 'env-schema'
+import { hostName } from './guard.js'
 import { Secret } from './secret.js'
 import { TOKEN_ENCODINGS, type TokenEncoding } from './token.js'
 
@@ -54,7 +55,12 @@ export interface Config {
   readonly mockHost: string
   /** Fallback re-read period of the credential files (they are also watched). */
   readonly credentialsReloadMs: number
-  readonly admin: { readonly host: string, readonly port: number }
+  readonly admin: {
+    readonly host: string
+    readonly port: number
+    /** Connections the admin listener holds at once (it serves probes and scrapers). */
+    readonly maxConnections: number
+  }
   readonly shutdownDelayMs: number
   readonly shutdownTimeoutMs: number
   /** Longest silence allowed while a body streams, either way. */
@@ -68,6 +74,10 @@ export interface Config {
   readonly requireHeader?: { readonly name: string, readonly value?: string }
   /** 0 = unlimited. */
   readonly maxBodyBytes: number
+  /** Origins (lower case, as browsers send them) whose pages may use the proxy; any other Origin is refused. */
+  readonly allowedOrigins: readonly string[]
+  /** Names besides loopback the Host header may carry (as guard.hostName reads them, no port). */
+  readonly allowedHosts: readonly string[]
   readonly client: {
     readonly headersTimeoutMs: number
     readonly requestTimeoutMs: number
@@ -111,6 +121,7 @@ export const VARIABLES = {
   COS_CREDENTIALS_RELOAD_MS: { ...TIMEOUT, default: 1_000 },
   COS_ADMIN_HOST: { type: 'string', default: '127.0.0.1', expect: 'must be an IP address or host name' },
   COS_ADMIN_PORT: { type: 'integer', default: 9090, minimum: 0, maximum: 65535, expect: 'must be a port number 0-65535' },
+  COS_ADMIN_MAX_CONNECTIONS: { type: 'integer', default: 64, minimum: 1, maximum: 1_000_000, expect: 'must be a whole number of connections ≥ 1' },
   COS_SHUTDOWN_DELAY_MS: { type: 'integer', default: 0, minimum: 0, maximum: 2_147_483_647, expect: 'must be a whole number of milliseconds ≥ 0' },
   COS_SHUTDOWN_TIMEOUT_MS: { ...TIMEOUT, default: 25_000 },
   COS_BODY_IDLE_TIMEOUT_MS: { ...TIMEOUT, default: 60_000 },
@@ -119,6 +130,8 @@ export const VARIABLES = {
   COS_CLIENT_KEY_FILE: { type: 'string', expect: 'must be a file path' },
   COS_ALLOW_FROM: { type: 'string', default: '127.0.0.0/8,::1/128', expect: 'must be a comma-separated list of CIDRs like 10.0.0.0/8,fd00::/8' },
   COS_REQUIRE_HEADER: { type: 'string', expect: 'must be "Header-Name: value" or "Header-Name"' },
+  COS_ALLOWED_ORIGINS: { type: 'string', expect: 'must be a comma-separated list of origins like https://app.example:3000' },
+  COS_ALLOWED_HOSTS: { type: 'string', expect: 'must be a comma-separated list of host names or IP addresses without a port, like proxy.internal,10.0.0.5,[fd00::1]' },
   COS_MANAGEMENT_ALLOWED_METHODS: { type: 'string', expect: 'must be a comma-separated list of HTTP methods like GET,HEAD' },
   COS_OPTIMIZE_ALLOWED_METHODS: { type: 'string', expect: 'must be a comma-separated list of HTTP methods like GET,HEAD' },
   COS_API_ALLOWED_METHODS: { type: 'string', expect: 'must be a comma-separated list of HTTP methods like GET,HEAD' },
@@ -215,7 +228,7 @@ function build (raw: Raw, needs: NonNullable<LoadOptions['needs']>): Config {
     throw new ConfigError('COS_OPTIMIZE_PATH_PREFIX', `must not overlap COS_MANAGEMENT_PATH_PREFIX (both claim ${JSON.stringify(optimize.prefix)})`)
   }
   if (api) routes.push(api)
-  const admin = { host: hostname('COS_ADMIN_HOST', raw.COS_ADMIN_HOST ?? '127.0.0.1'), port: raw.COS_ADMIN_PORT }
+  const admin = { host: hostname('COS_ADMIN_HOST', raw.COS_ADMIN_HOST ?? '127.0.0.1'), port: raw.COS_ADMIN_PORT, maxConnections: raw.COS_ADMIN_MAX_CONNECTIONS }
   if (admin.port !== 0 && admin.port === raw.COS_LISTEN_PORT && (admin.host === host || [admin.host, host].some(h => h === '0.0.0.0' || h === '::'))) {
     throw new ConfigError('COS_ADMIN_PORT', `must differ from COS_LISTEN_PORT (${admin.port}): health and metrics never share the proxy port`)
   }
@@ -244,6 +257,8 @@ function build (raw: Raw, needs: NonNullable<LoadOptions['needs']>): Config {
     allowFromIsDefault: raw.COS_ALLOW_FROM === undefined || raw.COS_ALLOW_FROM === VARIABLES.COS_ALLOW_FROM.default,
     ...(raw.COS_REQUIRE_HEADER === undefined ? {} : { requireHeader: requiredHeader(raw.COS_REQUIRE_HEADER) }),
     maxBodyBytes: raw.COS_MAX_BODY_BYTES,
+    allowedOrigins: list(raw.COS_ALLOWED_ORIGINS).map(allowedOrigin),
+    allowedHosts: list(raw.COS_ALLOWED_HOSTS).map(allowedHost),
     client: {
       headersTimeoutMs: raw.COS_HEADERS_TIMEOUT_MS,
       requestTimeoutMs: raw.COS_REQUEST_TIMEOUT_MS,
@@ -264,6 +279,38 @@ function withMethods (r: Route | undefined, variable: VariableName, list: string
     throw new ConfigError(variable, `must be a comma-separated list of ${PROXY_METHODS.join(', ')}${unknown === undefined ? '' : ` (got ${JSON.stringify(unknown)})`}`)
   }
   return { ...r, allowedMethods: [...new Set(methods)] }
+}
+
+function list (value: string | undefined): string[] {
+  return value === undefined ? [] : value.split(',').map(v => v.trim()).filter(v => v !== '')
+}
+
+// scheme://host[:port], and a trailing "/" as copied from an address bar.
+const ORIGIN = /^([A-Za-z][A-Za-z0-9+.-]*):\/\/[^/?#@\s]+\/?$/
+
+/** An origin as a browser's Origin header spells it: lower case; for http(s) without the default port, an IDN as punycode. */
+function allowedOrigin (entry: string): string {
+  if (entry.toLowerCase() === 'null') {
+    throw new ConfigError('COS_ALLOWED_ORIGINS', 'must not list "null": sandboxed frames, file: pages and redirected requests all send it, so it names no page')
+  }
+  const scheme = ORIGIN.exec(entry)?.[1]?.toLowerCase()
+  if (scheme === undefined) throw new ConfigError('COS_ALLOWED_ORIGINS', `${VARIABLES.COS_ALLOWED_ORIGINS.expect} (got ${JSON.stringify(entry)})`)
+  if (scheme !== 'http' && scheme !== 'https') return entry.replace(/\/$/, '').toLowerCase() // e.g. chrome-extension://<id>
+  try {
+    return new URL(entry).origin
+  } catch {
+    throw new ConfigError('COS_ALLOWED_ORIGINS', `${VARIABLES.COS_ALLOWED_ORIGINS.expect} (got ${JSON.stringify(entry)})`)
+  }
+}
+
+function allowedHost (entry: string): string {
+  const value = isIPv6(entry) ? `[${entry}]` : entry
+  const withPort = value.startsWith('[') ? value.includes(']:') : value.includes(':')
+  const name = hostName(value)
+  if (name === undefined || name === '' || withPort) {
+    throw new ConfigError('COS_ALLOWED_HOSTS', `${VARIABLES.COS_ALLOWED_HOSTS.expect} (got ${JSON.stringify(entry)})`)
+  }
+  return name
 }
 
 function cidrList (list: string): string[] {

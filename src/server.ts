@@ -1,19 +1,20 @@
 // Wiring and lifecycle: config → credentials, upstreams, metrics, proxy and
 // admin listeners, and the drain on SIGTERM / SIGINT / POST /quitquitquit.
 import { randomUUID } from 'node:crypto'
-import type { IncomingMessage, Server, ServerResponse } from 'node:http'
-import type { AddressInfo, Socket } from 'node:net'
+import type { IncomingMessage } from 'node:http'
+import type { AddressInfo } from 'node:net'
 import type { Duplex } from 'node:stream'
 import { performance } from 'node:perf_hooks'
 import { setTimeout as sleep } from 'node:timers/promises'
 import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply } from 'fastify'
 import type { Logger } from 'pino'
 import { buildAdminServer, type Readiness } from './admin.js'
+import { reapIdleConnections, type WithPendingResponse } from './connections.js'
 import { PROXY_METHODS, type Config } from './config.js'
 import { CredentialWatcher } from './credential-watcher.js'
 import { CredentialStore } from './credentials.js'
 import { sendError } from './errors.js'
-import { allowList, hasRequiredHeader, peerAllowed, targetProblem } from './guard.js'
+import { allowList, browserPolicy, hasRequiredHeader, hostProblem, isLoopbackAddress, originProblem, peerAllowed, targetProblem } from './guard.js'
 import { ProxyMetrics, classifyUpstreamError } from './metrics.js'
 import { proxyPlugin, type ProxyObserver } from './proxy.js'
 import { RequestLog, type RequestObserver } from './request-log.js'
@@ -53,9 +54,6 @@ function writeRawError (socket: Duplex, status: number, code: string, message: s
 }
 
 const STATUS_CODES_TEXT: Readonly<Record<number, string>> = { 400: 'Bad Request', 408: 'Request Timeout', 431: 'Request Header Fields Too Large' }
-
-/** A server socket as Node's HTTP server keeps it: `_httpMessage` is the response in progress on it, if any. */
-type WithPendingResponse<T> = T & { _httpMessage?: ServerResponse | null }
 
 /** Whether an error written now would be misread (see rejectMalformed). */
 function answerUnderWay (socket: Duplex): boolean {
@@ -108,6 +106,9 @@ function requestGuard (config: Config): (raw: IncomingMessage) => Refusal | unde
   const checkedPeers = new WeakMap<object, boolean>()
   const required = config.requireHeader
   const maxBody = config.maxBodyBytes
+  const browsers = browserPolicy(config)
+  // The Host last let through: a client repeats its own, so most requests cost one comparison.
+  let hostPassed: string | undefined
   return (raw) => {
     // Checked once per connection: the peer of a socket does not change.
     let peerOk = checkedPeers.get(raw.socket)
@@ -131,6 +132,17 @@ function requestGuard (config: Config): (raw: IncomingMessage) => Refusal | unde
     if (raw.headers.upgrade !== undefined && WEBSOCKET_UPGRADE.test(raw.headers.upgrade)) return [405, 'method_not_allowed', 'WebSocket upgrades are not supported']
     const problem = targetProblem(raw.url ?? '', config.routes)
     if (problem !== undefined) return [400, 'bad_request', problem]
+    const headers = raw.headers
+    const fetchSite = headers['sec-fetch-site']
+    if (headers.origin !== undefined || fetchSite !== undefined) {
+      const fromPage = originProblem(browsers, headers.origin, fetchSite)
+      if (fromPage !== undefined) return [403, 'forbidden_origin', fromPage]
+    }
+    if (headers.host !== hostPassed) {
+      const rebound = hostProblem(browsers, headers.host)
+      if (rebound !== undefined) return [403, 'forbidden_host', rebound]
+      hostPassed = headers.host
+    }
     // Node joins a repeated header into one value, so "sent twice" is counted on the raw lines.
     if (required !== undefined && (requiredSeen !== 1 || !hasRequiredHeader(required, raw.headers[required.name]))) {
       return [403, 'missing_required_header', `requests must carry the ${required.name} header once (COS_REQUIRE_HEADER)`]
@@ -140,44 +152,6 @@ function requestGuard (config: Config): (raw: IncomingMessage) => Refusal | unde
     }
     return undefined
   }
-}
-
-/**
- * Closes connections that sit without a request in flight for longer than
- * the keep-alive timeout. Node's own keep-alive timer is a socket timeout,
- * which any byte resets (a client can trickle empty lines forever), and a
- * connection that never sends a byte has no timer at all: either could hold
- * a slot of COS_MAX_CONNECTIONS indefinitely.
- *
- * Nothing is done per request: a sweep (every second at most) looks at each
- * connection. One with a response under way (`_httpMessage`), or that was
- * written to since the last sweep (only responses write: trickled bytes do
- * not count), is busy now; one that was neither for `idleMs` is closed. So a
- * connection is reaped between idleMs and idleMs + the sweep interval after
- * its last response.
- */
-interface ConnectionState { lastBusy: number, bytesWritten: number }
-
-function reapIdleConnections (server: Server, idleMs: number): void {
-  const connections = new Map<WithPendingResponse<Socket>, ConnectionState>()
-  server.on('connection', (socket: WithPendingResponse<Socket>) => {
-    connections.set(socket, { lastBusy: performance.now(), bytesWritten: 0 })
-    socket.once('close', () => connections.delete(socket))
-  })
-  const sweep = setInterval(() => {
-    const now = performance.now()
-    for (const [socket, state] of connections) {
-      const written = socket.bytesWritten
-      if (socket._httpMessage != null || written !== state.bytesWritten) {
-        state.lastBusy = now
-        state.bytesWritten = written
-      } else if (now - state.lastBusy >= idleMs) {
-        connections.delete(socket)
-        socket.destroy()
-      }
-    }
-  }, Math.max(10, Math.min(1000, idleMs / 2))).unref()
-  server.once('close', () => clearInterval(sweep))
 }
 
 export interface ProxyServerOptions {
@@ -298,10 +272,6 @@ function exitAfterFlush (logger: Logger, code: number): void {
   logger.flush(() => process.exit(code))
 }
 
-function isLoopback (host: string): boolean {
-  return host === 'localhost' || host === '::1' || /^127\./.test(host)
-}
-
 export interface ServeOptions {
   readonly config: Config
   readonly logger: Logger
@@ -411,7 +381,7 @@ export async function serve (opts: ServeOptions): Promise<void> {
       (err: unknown) => { logger.error({ err }, 'shutdown failed'); exitAfterFlush(logger, 1) })
   }
 
-  const admin = buildAdminServer({ metrics, readiness, onQuit: () => stop('quitquitquit'), logger })
+  const admin = buildAdminServer({ metrics, readiness, onQuit: () => stop('quitquitquit'), logger, limits: { maxConnections: config.admin.maxConnections } })
   await admin.listen({ host: config.admin.host, port: config.admin.port })
   await app.listen({ host: config.listen.host, port: config.listen.port })
   listening = true
@@ -419,7 +389,7 @@ export async function serve (opts: ServeOptions): Promise<void> {
   process.on('SIGTERM', () => stop('SIGTERM'))
   process.on('SIGINT', () => stop('SIGINT'))
 
-  if (config.allowFromIsDefault && !isLoopback(config.listen.host)) {
+  if (config.allowFromIsDefault && !isLoopbackAddress(config.listen.host)) {
     logger.warn({ host: config.listen.host, allowFrom: config.allowFrom },
       'listening beyond loopback with the default COS_ALLOW_FROM: only 127.0.0.0/8 and ::1 may use the proxy; set COS_ALLOW_FROM to the CIDRs of your clients (and restrict them with a NetworkPolicy)')
   }

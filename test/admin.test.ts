@@ -8,6 +8,7 @@ import t, { type Test } from 'tap'
 import { request } from 'undici'
 import { buildAdminServer, type AdminOptions, type Readiness } from '../src/admin.js'
 import { ProxyMetrics } from '../src/metrics.js'
+import { rawRequest } from './security/raw.js'
 
 interface Admin {
   readonly url: string
@@ -171,4 +172,37 @@ t.test('probes log nothing at info; at debug one line each with the route patter
     ])
     t.notMatch(lines.join('\n'), /private-path|token=abc/)
   }
+})
+
+t.test('the admin listener closes silent connections, slow header senders and idle keep-alive connections within its limits', async t => {
+  const admin = await startAdmin(t, { limits: { headersTimeoutMs: 300, requestTimeoutMs: 600, idleTimeoutMs: 300 } })
+  const port = Number(new URL(admin.url).port)
+  const timed = async (what: Promise<Awaited<ReturnType<typeof rawRequest>>>): Promise<[boolean, number, string]> => {
+    const start = Date.now()
+    const res = await what
+    return [res.closedByPeer, Date.now() - start, res.text]
+  }
+  const drip = Array.from({ length: 40 }, () => 'a')
+  const [silent, trickle, keepAlive] = await Promise.all([
+    timed(rawRequest(port, '', { timeoutMs: 4000 })),
+    timed(rawRequest(port, ['GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ', ...drip], { gapMs: 100, timeoutMs: 4000 })),
+    timed(rawRequest(port, 'GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n', { expect: 2, timeoutMs: 4000 })),
+  ])
+  // Bounds: the limit plus the once-a-second sweep and a margin for a loaded machine.
+  t.ok(silent[0] && silent[1] < 2500, `a connection that sends nothing is closed (${silent[1]} ms; headers timeout 300 ms)`)
+  t.ok(trickle[0] && trickle[1] < 2500, `a header sender dripping a byte every 100 ms is closed (${trickle[1]} ms)`)
+  t.notMatch(trickle[2], /^HTTP\/1\.1 200 /, 'and never answered')
+  t.ok(keepAlive[0] && keepAlive[1] < 2500, `an idle keep-alive connection is closed (${keepAlive[1]} ms; idle timeout 300 ms)`)
+  t.match(keepAlive[2], /^HTTP\/1\.1 200 /, 'after its request was answered')
+})
+
+t.test('at COS_ADMIN_MAX_CONNECTIONS idle connections, a probe still gets its answer', async t => {
+  const admin = await startAdmin(t, { limits: { maxConnections: 4 } })
+  const port = Number(new URL(admin.url).port)
+  const idle = Array.from({ length: 8 }, () => rawRequest(port, '', { timeoutMs: 1000 }))
+  await new Promise(resolve => setTimeout(resolve, 100))
+  const probe = await call(`${admin.url}/healthz`)
+  t.equal(probe.status, 200, 'the probe displaced an idle connection')
+  const closed = (await Promise.all(idle)).filter(r => r.closedByPeer).length
+  t.ok(closed >= 5, `the server closed at least 5 of the 8 idle connections (${closed}): no more than 4 were held, and the probe took a place`)
 })

@@ -82,6 +82,19 @@ t.test('each bad value exits with a line naming the variable', async t => {
     [{ ...base, COS_API_ALLOWED_METHODS: 'GET,CONNECT' }, 'COS_API_ALLOWED_METHODS', /CONNECT/],
     [{ ...base, COS_MAX_BODY_BYTES: '-1' }, 'COS_MAX_BODY_BYTES', /bytes/],
     [{ ...base, COS_MAX_CONNECTIONS: '0' }, 'COS_MAX_CONNECTIONS', /connections/],
+    [{ ...base, COS_ADMIN_MAX_CONNECTIONS: '0' }, 'COS_ADMIN_MAX_CONNECTIONS', /connections/],
+    [{ ...base, COS_ADMIN_MAX_CONNECTIONS: 'few' }, 'COS_ADMIN_MAX_CONNECTIONS', /connections/],
+    [{ ...base, COS_ALLOWED_ORIGINS: 'null' }, 'COS_ALLOWED_ORIGINS', /must not list "null"/],
+    [{ ...base, COS_ALLOWED_ORIGINS: 'https://ok.example, *' }, 'COS_ALLOWED_ORIGINS', /origins like https:\/\/app\.example:3000 \(got "\*"\)/],
+    [{ ...base, COS_ALLOWED_ORIGINS: 'https://app.example/path' }, 'COS_ALLOWED_ORIGINS', /origins like/],
+    [{ ...base, COS_ALLOWED_ORIGINS: 'app.example:3000' }, 'COS_ALLOWED_ORIGINS', /origins like/],
+    [{ ...base, COS_ALLOWED_ORIGINS: 'https://user@app.example' }, 'COS_ALLOWED_ORIGINS', /origins like/],
+    [{ ...base, COS_ALLOWED_ORIGINS: 'https://app.example:99999' }, 'COS_ALLOWED_ORIGINS', /origins like/],
+    [{ ...base, COS_ALLOWED_HOSTS: 'proxy.internal:8080' }, 'COS_ALLOWED_HOSTS', /without a port/],
+    [{ ...base, COS_ALLOWED_HOSTS: '[fd00::1]:80' }, 'COS_ALLOWED_HOSTS', /without a port/],
+    [{ ...base, COS_ALLOWED_HOSTS: '*' }, 'COS_ALLOWED_HOSTS', /host names/],
+    [{ ...base, COS_ALLOWED_HOSTS: 'user@proxy.internal' }, 'COS_ALLOWED_HOSTS', /host names/],
+    [{ ...base, COS_ALLOWED_HOSTS: 'http://proxy.internal' }, 'COS_ALLOWED_HOSTS', /host names/],
     [{ ...base, COS_HEADERS_TIMEOUT_MS: 'soon' }, 'COS_HEADERS_TIMEOUT_MS', /milliseconds/],
     [{ ...base, COS_ADMIN_PORT: '8080' }, 'COS_ADMIN_PORT', /differ from COS_LISTEN_PORT/],
     [{ ...base, COS_CLIENT_CERT_FILE: '/c.pem' }, 'COS_CLIENT_KEY_FILE', /other half/],
@@ -110,6 +123,8 @@ t.test('security settings: defaults and parsing', async t => {
   t.equal(d.requireHeader, undefined)
   t.equal(d.maxBodyBytes, 0)
   t.same(d.client, { headersTimeoutMs: 10000, requestTimeoutMs: 300000, keepAliveTimeoutMs: 5000, maxConnections: 1024 })
+  t.same(d.admin, { host: '127.0.0.1', port: 9090, maxConnections: 64 }, 'the admin listener holds 64 connections at most')
+  t.equal(load({ ...base, COS_ADMIN_MAX_CONNECTIONS: '8' }).admin.maxConnections, 8)
   const c = load({
     ...base,
     COS_ALLOW_FROM: '10.0.0.0/8, fd00::/8',
@@ -123,6 +138,19 @@ t.test('security settings: defaults and parsing', async t => {
   t.same(c.routes[0]?.allowedMethods, ['GET', 'HEAD'])
   t.equal(c.maxBodyBytes, 1048576)
   t.same(load({ ...base, COS_REQUIRE_HEADER: 'X-Any' }).requireHeader, { name: 'x-any' })
+})
+
+t.test('browser settings: none listed by default; origins and hosts read as browsers send them', async t => {
+  const d = load(base)
+  t.same([d.allowedOrigins, d.allowedHosts], [[], []])
+  const c = load({
+    ...base,
+    COS_ALLOWED_ORIGINS: 'HTTPS://App.Example:3000/, http://localhost:5173, https://x.example:443, chrome-extension://AbCdEf, , https://bücher.example',
+    COS_ALLOWED_HOSTS: 'Proxy.Internal, 10.0.0.5 ,fd00::1,[FD00::2],localhost.',
+  })
+  t.same(c.allowedOrigins, ['https://app.example:3000', 'http://localhost:5173', 'https://x.example', 'chrome-extension://abcdef', 'https://xn--bcher-kva.example'],
+    'lower case, no trailing slash, no default port, IDN as punycode')
+  t.same(c.allowedHosts, ['proxy.internal', '10.0.0.5', '[fd00::1]', '[fd00::2]', 'localhost'])
 })
 
 t.test('empty values count as unset', async t => {

@@ -1,6 +1,6 @@
 // The guard's pure decisions; the attacks through a real proxy are in test/security/.
 import t from 'tap'
-import { allowList, hasRequiredHeader, peerAllowed, routeFor, targetProblem } from '../src/guard.js'
+import { allowList, browserPolicy, fromWebPage, hasRequiredHeader, hostName, hostProblem, isLoopbackAddress, isLoopbackName, originProblem, peerAllowed, routeFor, targetProblem } from '../src/guard.js'
 import { testConfig } from './helpers.js'
 
 const { routes } = testConfig({ COS_OPTIMIZE_API_URL: 'https://o.example.com', COS_MANAGEMENT_API_URL: 'https://m.example.com', COS_API_URL: 'https://a.example.com' })
@@ -68,4 +68,87 @@ t.test('required header: exact value, or any non-empty value when no value is co
   t.notOk(hasRequiredHeader({ name: 'x-cos-proxy', value: '1' }, ['1', '1']))
   t.ok(hasRequiredHeader({ name: 'x-cos-proxy' }, 'anything'))
   t.notOk(hasRequiredHeader({ name: 'x-cos-proxy' }, ''))
+})
+
+t.test('hostName reads a Host value as a browser reads a URL host; anything but host[:port] is undefined', async t => {
+  const read: [string, string][] = [
+    ['127.0.0.1:8080', '127.0.0.1'],
+    ['LOCALHOST', 'localhost'],
+    ['localhost.:8080', 'localhost'],
+    ['127.1', '127.0.0.1'],
+    ['0x7f.0.0.1:1', '127.0.0.1'],
+    ['[::1]:8080', '[::1]'],
+    ['[0:0:0:0:0:0:0:1]', '[::1]'],
+    ['[::FFFF:127.0.0.1]', '[::ffff:7f00:1]'],
+    ['Rebind.Attacker.Example:8080', 'rebind.attacker.example'],
+    ['proxy.internal:', 'proxy.internal'],
+  ]
+  for (const [value, name] of read) t.equal(hostName(value), name, value)
+  for (const value of ['evil.example@127.0.0.1', 'user:pw@localhost', '127.0.0.1/x', 'localhost 127.0.0.1', 'local%68ost', '127.0.0.1:99999', '::1', '[::1', 'a:b:c', '']) {
+    t.equal(hostName(value), undefined, JSON.stringify(value))
+  }
+})
+
+t.test('loopback names: localhost, 127.0.0.0/8, ::1 and 127/8 mapped into IPv6; nothing else', async t => {
+  for (const name of ['localhost', '127.0.0.1', '127.255.255.254', '[::1]', '[::ffff:7f00:1]']) t.ok(isLoopbackName(name), name)
+  for (const name of ['localhost.example', 'app.localhost', '128.0.0.1', '10.0.0.1', '[::2]', '[::ffff:a00:1]', '127.0.0.1.example', '']) t.notOk(isLoopbackName(name), name)
+  for (const address of ['127.0.0.1', '127.0.0.2', '::1', '0:0:0:0:0:0:0:1', 'localhost']) t.ok(isLoopbackAddress(address), address)
+  for (const address of ['0.0.0.0', '::', '10.0.0.5', 'proxy.internal']) t.notOk(isLoopbackAddress(address), address)
+})
+
+const policy = (env: Record<string, string> = {}): ReturnType<typeof browserPolicy> => browserPolicy(testConfig({ COS_API_URL: 'https://a.example.com', ...env }))
+
+t.test('originProblem: an Origin passes only when listed; Sec-Fetch-Site passes only as none or same-origin', async t => {
+  const listed = policy({ COS_ALLOWED_ORIGINS: 'https://App.Example:3000' })
+  t.equal(originProblem(listed, undefined, undefined), undefined, 'no Origin, no Sec-Fetch-Site: not a browser')
+  t.equal(originProblem(listed, undefined, 'none'), undefined, 'typed in the address bar')
+  t.equal(originProblem(listed, undefined, 'same-origin'), undefined)
+  t.equal(originProblem(listed, 'https://app.example:3000', 'cross-site'), undefined, 'a listed origin, cross-site as it must be')
+  t.equal(originProblem(listed, 'HTTPS://APP.EXAMPLE:3000', undefined), undefined, 'compared case-insensitively')
+  const refused: [string | undefined, string | undefined][] = [
+    ['https://evil.example', undefined],
+    ['https://evil.example', 'cross-site'],
+    ['https://app.example:3001', 'cross-site'],
+    ['http://app.example:3000', undefined],
+    ['https://app.example:3000.evil.example', undefined],
+    ['null', undefined],
+    ['null', 'cross-site'],
+    ['', undefined],
+    ['http://127.0.0.1:8080', 'same-origin'],
+    [undefined, 'cross-site'],
+    [undefined, 'same-site'],
+    [undefined, 'unheard-of'],
+  ]
+  for (const [origin, site] of refused) t.type(originProblem(listed, origin, site), 'string', `Origin ${String(origin)}, Sec-Fetch-Site ${String(site)}`)
+  t.type(originProblem(policy(), 'https://app.example:3000', undefined), 'string', 'nothing is listed by default')
+})
+
+t.test('hostProblem: on a loopback listener only loopback names and listed ones pass, with any port; no Host passes', async t => {
+  const loopback = policy()
+  for (const host of [undefined, '', '127.0.0.1:8080', 'localhost:1', 'localhost.', 'LocalHost', '[::1]:8080', '127.0.0.2', '127.1:8080']) {
+    t.equal(hostProblem(loopback, host), undefined, String(host))
+  }
+  for (const host of ['rebind.attacker.example:8080', 'a', 'app.localhost', '10.0.0.5', 'evil.example@127.0.0.1', '127.0.0.1.nip.io', '[::2]']) {
+    t.type(hostProblem(loopback, host), 'string', host)
+  }
+  const listed = policy({ COS_ALLOWED_HOSTS: 'proxy.internal,fd00::1' })
+  for (const host of ['proxy.internal', 'PROXY.internal:8080', 'proxy.internal.', '[fd00::1]:80', 'localhost']) t.equal(hostProblem(listed, host), undefined, host)
+  t.type(hostProblem(listed, 'other.internal'), 'string')
+  const wide = policy({ COS_LISTEN_HOST: '0.0.0.0' })
+  t.notOk(wide.checkHost, 'not checked on a listener beyond loopback…')
+  t.equal(hostProblem(wide, 'cos-auth-proxy.team.svc:8080'), undefined)
+  const wideListed = policy({ COS_LISTEN_HOST: '0.0.0.0', COS_ALLOWED_HOSTS: 'cos-auth-proxy.team.svc' })
+  t.ok(wideListed.checkHost, '…unless a list is given')
+  t.equal(hostProblem(wideListed, 'cos-auth-proxy.team.svc:8080'), undefined)
+  t.type(hostProblem(wideListed, 'other.team.svc'), 'string')
+})
+
+t.test('fromWebPage (admin listener): any Origin, or Sec-Fetch-Site other than none', async t => {
+  t.notOk(fromWebPage(undefined, undefined))
+  t.notOk(fromWebPage(undefined, 'none'))
+  t.ok(fromWebPage('null', undefined))
+  t.ok(fromWebPage('http://127.0.0.1:9090', 'same-origin'))
+  t.ok(fromWebPage(undefined, 'same-origin'))
+  t.ok(fromWebPage(undefined, 'cross-site'))
+  t.ok(fromWebPage(undefined, ['none', 'none']))
 })

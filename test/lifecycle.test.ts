@@ -1,66 +1,20 @@
 // The sidecar's life as Kubernetes drives it, against the built CLI in a child
 // process: probes, a Secret mounted late, drain on SIGTERM, /quitquitquit, wait.
-import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process'
+import { spawn } from 'node:child_process'
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import { Agent, request as httpRequest } from 'node:http'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
-import { fileURLToPath } from 'node:url'
 import t from 'tap'
 import { json, send, startUpstream, type SimpleResponse } from './helpers.js'
+import { CLI, startSidecar as startSidecarIn, until } from './sidecar.js'
 
-const CLI = fileURLToPath(new URL('../dist/cli.js', import.meta.url))
 const CWD = mkdtempSync(join(tmpdir(), 'cos-life-'))
 t.teardown(() => rmSync(CWD, { recursive: true, force: true }))
 
-interface Sidecar {
-  readonly child: ChildProcessWithoutNullStreams
-  readonly proxy: string
-  readonly admin: string
-  readonly exited: Promise<{ code: number | null, ms: number }>
-  lines: () => Record<string, unknown>[]
-  signal: (s: NodeJS.Signals) => number
-}
-
-async function startSidecar (env: Record<string, string>): Promise<Sidecar> {
-  const child = spawn(process.execPath, [CLI, 'serve'], {
-    cwd: CWD,
-    env: { PATH: process.env.PATH, COS_LISTEN_PORT: '0', COS_ADMIN_PORT: '0', ...env },
-  })
-  let out = ''
-  let err = ''
-  let signalledAt = 0
-  child.stderr.on('data', (d: Buffer) => { err += d.toString() })
-  const exited = new Promise<{ code: number | null, ms: number }>(resolve => child.on('close', code => resolve({ code, ms: Date.now() - signalledAt })))
-  const listening = await new Promise<Record<string, unknown>>((resolve, reject) => {
-    const timer = setTimeout(() => { child.kill('SIGKILL'); reject(new Error(`no listening line: ${out}${err}`)) }, 10_000)
-    child.stdout.on('data', (d: Buffer) => {
-      out += d.toString()
-      const line = out.split('\n').find(l => l.includes('"cos-auth-proxy listening"'))
-      if (line !== undefined) { clearTimeout(timer); resolve(JSON.parse(line) as Record<string, unknown>) }
-    })
-    void exited.then(({ code }) => { clearTimeout(timer); reject(new Error(`exited ${code}: ${out}${err}`)) })
-  })
-  const admin = listening.admin as { port: number }
-  return {
-    child,
-    proxy: `http://127.0.0.1:${listening.port as number}`,
-    admin: `http://127.0.0.1:${admin.port}`,
-    exited,
-    lines: () => out.split('\n').filter(l => l !== '').map(l => JSON.parse(l) as Record<string, unknown>),
-    signal: (s) => { signalledAt = Date.now(); child.kill(s); return signalledAt },
-  }
-}
+const startSidecar = (env: Record<string, string>): ReturnType<typeof startSidecarIn> => startSidecarIn(env, { cwd: CWD })
 
 const CREDS = { COS_ACCESS_KEY: 'AKIDLIFE', COS_ACCESS_KEY_SECRET: 'life-SeCrEt' }
-
-async function until (what: string, check: () => Promise<boolean>, ms = 5000): Promise<void> {
-  const deadline = Date.now() + ms
-  while (!(await check())) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`)
-    await new Promise(resolve => setTimeout(resolve, 50))
-  }
-}
 
 t.test('probes: healthz 200, readyz 200 when ready, metrics in Prometheus text', async t => {
   const up = await startUpstream()

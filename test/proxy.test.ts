@@ -100,7 +100,8 @@ t.test('COS_TOKEN_ENCODING=none sends the raw token', async t => {
 
 t.test('Host is the upstream’s, other headers and the method pass unchanged, hop-by-hop headers are dropped', async t => {
   const up = await startUpstream()
-  const proxy = await startProxy({ COS_API_URL: up.url })
+  // A Host name the proxy accepts, and still replaces with the upstream's.
+  const proxy = await startProxy({ COS_API_URL: up.url, COS_ALLOWED_HOSTS: 'client.example' })
   t.teardown(async () => { await proxy.close(); await up.close() })
   const methods = ['GET', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS']
   for (const method of methods) {

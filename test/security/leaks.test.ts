@@ -77,14 +77,14 @@ t.test('at trace level, across every kind of request, no secret, token, signatur
   }
 
   // slow-loris: an idle connection, answered 408 by the header timeout (runs alongside the rest)
-  const slow = send('GET /management/slow HTTP/1.1\r\nHost: a\r\nX-Slow: ', { timeoutMs: 4000 })
+  const slow = send('GET /management/slow HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ', { timeoutMs: 4000 })
 
   // successes, with client credentials that must be dropped
   const body = randomBytes(600).toString('hex').slice(0, 600)
   for (const path of ['/management/v1/clusters?x=1', '/management/a%2Fb']) await send(get(path, R + clientAuth))
-  await send(`POST /management/echo HTTP/1.1\r\nHost: a\r\n${R}${clientAuth}Content-Type: text/plain\r\nContent-Length: ${body.length}\r\nConnection: close\r\n\r\n${body}`)
-  await send(`PUT /management/chunked HTTP/1.1\r\nHost: a\r\n${R}Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n`)
-  await send(`HEAD /management/h HTTP/1.1\r\nHost: a\r\n${R}Connection: close\r\n\r\n`, { head: true })
+  await send(`POST /management/echo HTTP/1.1\r\nHost: 127.0.0.1\r\n${R}${clientAuth}Content-Type: text/plain\r\nContent-Length: ${body.length}\r\nConnection: close\r\n\r\n${body}`)
+  await send(`PUT /management/chunked HTTP/1.1\r\nHost: 127.0.0.1\r\n${R}Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n`)
+  await send(`HEAD /management/h HTTP/1.1\r\nHost: 127.0.0.1\r\n${R}Connection: close\r\n\r\n`, { head: true })
   // upstream failures: 504 and 502
   await send(get('/optimize/hangs', R + clientAuth))
   await send(get('/elsewhere', R + clientAuth))
@@ -98,16 +98,16 @@ t.test('at trace level, across every kind of request, no secret, token, signatur
     get('/optimize%2Fx', R),
     get('/management/x', clientAuth),
     get('/management/x', 'X-COS-Proxy: 2\r\n'),
-    `DELETE /management/x HTTP/1.1\r\nHost: a\r\n${R}${clientAuth}Connection: close\r\n\r\n`,
-    `GET /management/ws HTTP/1.1\r\nHost: a\r\n${R}Connection: Upgrade\r\nUpgrade: websocket\r\n\r\n`,
-    `GET /management/x HTTP/1.1\r\nHost: a\r\n${R}X-Big: ${'b'.repeat(17 * 1024)}\r\n\r\n`,
-    `POST /management/x HTTP/1.1\r\nHost: a\r\n${R}Content-Length: 5000\r\n\r\n`,
-    `POST /management/x HTTP/1.1\r\nHost: a\r\n${R}Transfer-Encoding: chunked\r\n\r\n7d0\r\n${'a'.repeat(2000)}\r\n0\r\n\r\n`,
-    `POST /management/x HTTP/1.1\r\nHost: a\r\n${R}X-A: a\r\n b\r\nContent-Length: 0\r\n\r\n`,
+    `DELETE /management/x HTTP/1.1\r\nHost: 127.0.0.1\r\n${R}${clientAuth}Connection: close\r\n\r\n`,
+    `GET /management/ws HTTP/1.1\r\nHost: 127.0.0.1\r\n${R}Connection: Upgrade\r\nUpgrade: websocket\r\n\r\n`,
+    `GET /management/x HTTP/1.1\r\nHost: 127.0.0.1\r\n${R}X-Big: ${'b'.repeat(17 * 1024)}\r\n\r\n`,
+    `POST /management/x HTTP/1.1\r\nHost: 127.0.0.1\r\n${R}Content-Length: 5000\r\n\r\n`,
+    `POST /management/x HTTP/1.1\r\nHost: 127.0.0.1\r\n${R}Transfer-Encoding: chunked\r\n\r\n7d0\r\n${'a'.repeat(2000)}\r\n0\r\n\r\n`,
+    `POST /management/x HTTP/1.1\r\nHost: 127.0.0.1\r\n${R}X-A: a\r\n b\r\nContent-Length: 0\r\n\r\n`,
   ]) await send(bytes)
   // smuggling probes
-  await send(`POST /management/x HTTP/1.1\r\nHost: a\r\n${R}Content-Length: 6\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: a\r\n\r\n`, { expect: 2 })
-  await send([`GET /management/first HTTP/1.1\r\nHost: a\r\n${R}\r\n`, 'GARBAGE\r\n\r\n'], { gapMs: 50, expect: 2 })
+  await send(`POST /management/x HTTP/1.1\r\nHost: 127.0.0.1\r\n${R}Content-Length: 6\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n`, { expect: 2 })
+  await send([`GET /management/first HTTP/1.1\r\nHost: 127.0.0.1\r\n${R}\r\n`, 'GARBAGE\r\n\r\n'], { gapMs: 50, expect: 2 })
   // forbidden source
   await send(get('/management/x', R + clientAuth + 'X-Forwarded-For: 127.0.0.1\r\n'), { localAddress: '127.0.0.2' })
   // a few fuzz-like paths

@@ -1,0 +1,72 @@
+// Connection housekeeping shared by the proxy and admin listeners.
+import type { Server, ServerResponse } from 'node:http'
+import type { Socket } from 'node:net'
+import { performance } from 'node:perf_hooks'
+
+/** A server socket as Node's HTTP server keeps it: `_httpMessage` is the response in progress on it, if any. */
+export type WithPendingResponse<T> = T & { _httpMessage?: ServerResponse | null }
+
+interface ConnectionState { lastBusy: number, bytesWritten: number }
+
+type Connections = Map<WithPendingResponse<Socket>, ConnectionState>
+
+/**
+ * Closes connections that sit without a request in flight for longer than
+ * the keep-alive timeout. Node's own keep-alive timer is a socket timeout,
+ * which any byte resets (a client can trickle empty lines forever), and a
+ * connection that never sends a byte has no timer at all: either could hold
+ * a slot of COS_MAX_CONNECTIONS indefinitely.
+ *
+ * Nothing is done per request: a sweep (every second at most) looks at each
+ * connection. One with a response under way (`_httpMessage`), or that was
+ * written to since the last sweep (only responses write: trickled bytes do
+ * not count), is busy now; one that was neither for `idleMs` is closed. So a
+ * connection is reaped between idleMs and idleMs + the sweep interval after
+ * its last response.
+ *
+ * With `maxConnections`, a connection that arrives while that many are open
+ * displaces the one idle the longest, so that idle connections, however
+ * many are opened, cannot lock out a client that comes to send a request
+ * (a kubelet's probe); only when none is idle is the newcomer closed.
+ */
+export function reapIdleConnections (server: Server, idleMs: number, maxConnections = Infinity): void {
+  const connections: Connections = new Map()
+  server.on('connection', (socket: WithPendingResponse<Socket>) => {
+    if (connections.size >= maxConnections && !closeIdlest(connections)) {
+      socket.destroy()
+      return
+    }
+    connections.set(socket, { lastBusy: performance.now(), bytesWritten: 0 })
+    socket.once('close', () => connections.delete(socket))
+  })
+  const sweep = setInterval(() => {
+    const now = performance.now()
+    for (const [socket, state] of connections) {
+      const written = socket.bytesWritten
+      if (socket._httpMessage != null || written !== state.bytesWritten) {
+        state.lastBusy = now
+        state.bytesWritten = written
+      } else if (now - state.lastBusy >= idleMs) {
+        connections.delete(socket)
+        socket.destroy()
+      }
+    }
+  }, Math.max(10, Math.min(1000, idleMs / 2))).unref()
+  server.once('close', () => clearInterval(sweep))
+}
+
+/** Closes the connection without a response under way that was busy longest ago; false when every one is busy. */
+function closeIdlest (connections: Connections): boolean {
+  let idlest: WithPendingResponse<Socket> | undefined
+  let since = Infinity
+  for (const [socket, state] of connections) {
+    if (socket._httpMessage == null && state.lastBusy < since) {
+      idlest = socket
+      since = state.lastBusy
+    }
+  }
+  if (idlest === undefined) return false
+  connections.delete(idlest)
+  idlest.destroy()
+  return true
+}
