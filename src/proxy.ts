@@ -11,6 +11,7 @@ import type { Route, RouteName } from './config.js'
 import type { CredentialStore } from './credentials.js'
 import { errorCodes, hasErrorCode } from './error-codes.js'
 import { sendError } from './errors.js'
+import { failResponse, responseFailure } from './response.js'
 import type { Upstreams } from './upstream.js'
 
 declare module 'fastify' {
@@ -54,7 +55,10 @@ export interface ProxyOptions {
 // undefined values and the object keeps its fast shape); absent ones are not
 // touched, so the object does not grow keys that reply-from then copies.
 const DROP_REQUEST = ['authorization', 'proxy-authorization', 'proxy-connection', 'keep-alive', 'te', 'trailer', 'upgrade', 'expect'] as const
-const DROP_RESPONSE: ReadonlySet<string> = new Set(['connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'upgrade'])
+// `trailer` and `te` as well: trailers are never forwarded, and Node refuses
+// to write a head that declares them on a response that cannot carry them
+// (HEAD, HTTP/1.0, a Content-Length, a 204).
+const DROP_RESPONSE: ReadonlySet<string> = new Set(['connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'upgrade', 'trailer', 'te'])
 
 function connectionTokens (value: string | string[]): string[] {
   return (Array.isArray(value) ? value.join(',') : value).split(',').map(s => s.trim().toLowerCase()).filter(s => s !== '')
@@ -72,6 +76,10 @@ const SMALL_BODY_BYTES = 16 * 1024
 
 /** What reply-from hands onResponse (its typings say a ServerResponse). */
 interface UpstreamResponse { statusCode: number, headers: IncomingHttpHeaders, stream: Readable }
+// As reply-from's hooks have them: typed for HTTP/1 and HTTP/2 servers alike.
+type OnResponse = NonNullable<FastifyReplyFromHooks['onResponse']>
+type ProxyRequest = Parameters<OnResponse>[0]
+type ProxyReply = Parameters<OnResponse>[1]
 
 /** Passes a streamed body through and fails it once it exceeds the limit, which aborts the upstream request. */
 class BodyLimit extends Transform {
@@ -106,6 +114,15 @@ interface AttemptResponse { statusCode: number, stream: { resume: () => void } }
 const RETRY_METHODS = new Set(['GET', 'HEAD', 'OPTIONS'])
 // Failures where the upstream cannot have acted on the request.
 const CONNECTION_FAILURES = new Set(['ECONNREFUSED', 'ECONNRESET', 'EPIPE', 'UND_ERR_SOCKET', 'UND_ERR_CLOSED'])
+
+/** reply.send from an event listener, where a throw would be uncaught: it fails this response only. */
+function sendOrFail (reply: ProxyReply, payload?: Buffer): void {
+  try {
+    void reply.send(payload)
+  } catch (err) {
+    failResponse(reply.raw, err as Error)
+  }
+}
 
 function isBodyless (req: AttemptRequest): boolean {
   const length = req.headers['content-length']
@@ -170,6 +187,12 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
     else sendError(reply, 502, 'upstream_unavailable', 'the upstream could not be reached')
   }
 
+  fastify.setErrorHandler((error, _request, reply) => {
+    // A response that could not be written closed its connection: its body stream's end is no news.
+    if (responseFailure(reply.raw) !== undefined) return
+    throw error
+  })
+
   /**
    * A small body whose length the upstream declared is collected and sent
    * with the headers in one write; reply-from's default pipes every body into
@@ -179,8 +202,18 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
    * one to a Buffer) streams through as before: bodies are never buffered
    * beyond SMALL_BODY_BYTES.
    */
-  const onResponse: NonNullable<FastifyReplyFromHooks['onResponse']> = (request, reply, res) => {
-    const { statusCode, headers, stream } = res as unknown as UpstreamResponse
+  const onResponse: OnResponse = (request, reply, res) => {
+    const upstream = res as unknown as UpstreamResponse
+    try {
+      forwardResponse(request, reply, upstream)
+    } catch (err) {
+      // Thrown into undici's response callback, it would be rethrown to the process (undici does so on purpose).
+      upstream.stream.destroy()
+      failResponse(reply.raw, err as Error)
+    }
+  }
+
+  function forwardResponse (request: ProxyRequest, reply: ProxyReply, { statusCode, headers, stream }: UpstreamResponse): void {
     const length = headers['content-length']
     const size = typeof length === 'string' && length.length <= 5 ? Number(length) : NaN
     if (!(size <= SMALL_BODY_BYTES) || headers['content-type'] === undefined || request.method === 'HEAD' ||
@@ -194,7 +227,7 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
       // undici fails the body if it outgrows its Content-Length; this only keeps the copy in bounds.
       filled += chunk.copy(body, filled)
     })
-    stream.once('end', () => { void reply.send(filled === size ? body : body.subarray(0, filled)) })
+    stream.once('end', () => { sendOrFail(reply, filled === size ? body : body.subarray(0, filled)) })
     stream.once('error', (error: Error) => { onError(reply, { error }) })
   }
 
