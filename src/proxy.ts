@@ -124,12 +124,35 @@ function sendOrFail (reply: ProxyReply, payload?: Buffer): void {
   }
 }
 
+/**
+ * A response that has no body by definition (RFC 9110 §6.4.1). undici 7
+ * delivers a 204 or 304 with a non-zero Content-Length (which RFC 9110 allows
+ * on a 304) and then fails its empty body with a length mismatch; the head
+ * is all there is to forward, so the body stream is only drained. A 204 may
+ * not carry a Content-Length (§8.6); a 304 or HEAD answer keeps the
+ * representation's.
+ */
+function sendHeadOnly (reply: ProxyReply, statusCode: number, stream: Readable): void {
+  stream.on('error', ignore)
+  stream.resume()
+  if (statusCode === 204) reply.removeHeader('content-length')
+  sendOrFail(reply)
+}
+
+function ignore (): void { /* the error is undici's own, about a body that cannot exist */ }
+
+/** Removes every header copied from the upstream's answer (reply-from's `connection: close` stays). */
+function dropCopiedHeaders (reply: ProxyReply): void {
+  for (const name of Object.keys(reply.getHeaders())) if (name !== 'connection') reply.removeHeader(name)
+}
+
 function isBodyless (req: AttemptRequest): boolean {
   const length = req.headers['content-length']
   return (req.body === '' || req.body === undefined) && req.headers['transfer-encoding'] === undefined && (length === undefined || length === '0')
 }
 
-const TIMEOUT_CODES = new Set(['UND_ERR_CONNECT_TIMEOUT', 'UND_ERR_HEADERS_TIMEOUT', 'FST_REPLY_FROM_GATEWAY_TIMEOUT', 'FST_REPLY_FROM_TIMEOUT'])
+// A body timeout gets here only before any of the body was written (see the error handler in proxyPlugin).
+const TIMEOUT_CODES = new Set(['UND_ERR_CONNECT_TIMEOUT', 'UND_ERR_HEADERS_TIMEOUT', 'UND_ERR_BODY_TIMEOUT', 'FST_REPLY_FROM_GATEWAY_TIMEOUT', 'FST_REPLY_FROM_TIMEOUT'])
 
 /** Maps a reply-from/undici failure to the proxy's contract: 504 for timeouts, 502 for the rest. */
 export function upstreamErrorStatus (error: Error): 502 | 504 {
@@ -176,6 +199,8 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
   }
 
   const onError: NonNullable<FastifyReplyFromHooks['onError']> = (reply, { error }) => {
+    // The head of an upstream answer that then failed was copied: none of it belongs on this error.
+    if (reply.request.upstreamMs >= 0) dropCopiedHeaders(reply)
     if (hasErrorCode(error, BODY_TOO_LARGE)) {
       sendError(reply, 413, 'payload_too_large', `request bodies are limited to ${maxBody} bytes (COS_MAX_BODY_BYTES)`)
       return
@@ -187,20 +212,28 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
     else sendError(reply, 502, 'upstream_unavailable', 'the upstream could not be reached')
   }
 
-  fastify.setErrorHandler((error, _request, reply) => {
+  // An upstream body that fails before any of it was written (shorter than
+  // its Content-Length, a reset, a bad chunk, a body timeout) reaches Fastify's
+  // error handling through the stream: it is the upstream's failure, as one
+  // before its head would be (502/504), never the proxy's 500. Errors before
+  // any upstream answer go on to the server's handler.
+  fastify.setErrorHandler((error, request, reply) => {
     // A response that could not be written closed its connection: its body stream's end is no news.
     if (responseFailure(reply.raw) !== undefined) return
-    throw error
+    if (request.upstreamMs < 0 || !(error instanceof Error)) throw error
+    onError(reply, { error })
   })
 
   /**
-   * A small body whose length the upstream declared is collected and sent
-   * with the headers in one write; reply-from's default pipes every body into
-   * the response, and for a few hundred bytes the pipe (listeners, end-of-
-   * stream tracking on both streams) costs more than the bytes. Anything
-   * larger, of unknown length, or without a Content-Type (Fastify would add
-   * one to a Buffer) streams through as before: bodies are never buffered
-   * beyond SMALL_BODY_BYTES.
+   * HEAD, 204 and 304 answers are sent as a head alone, whatever their
+   * Content-Length says. A small body whose length the upstream declared is
+   * collected and sent with the headers in one write; reply-from's default
+   * pipes every body into the response, and for a few hundred bytes the pipe
+   * (listeners, end-of-stream tracking on both streams) costs more than the
+   * bytes. Anything larger, of unknown length, or without exactly one
+   * Content-Type (Fastify would add one to a Buffer, or replace a repeated
+   * one) streams through as before: bodies are never buffered beyond
+   * SMALL_BODY_BYTES.
    */
   const onResponse: OnResponse = (request, reply, res) => {
     const upstream = res as unknown as UpstreamResponse
@@ -214,10 +247,18 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
   }
 
   function forwardResponse (request: ProxyRequest, reply: ProxyReply, { statusCode, headers, stream }: UpstreamResponse): void {
+    // reply-from comes here even after answering 502 to a status Fastify refuses.
+    if (reply.sent) {
+      stream.destroy()
+      return
+    }
+    if (request.method === 'HEAD' || statusCode === 204 || statusCode === 304) {
+      sendHeadOnly(reply, statusCode, stream)
+      return
+    }
     const length = headers['content-length']
     const size = typeof length === 'string' && length.length <= 5 ? Number(length) : NaN
-    if (!(size <= SMALL_BODY_BYTES) || headers['content-type'] === undefined || request.method === 'HEAD' ||
-      statusCode < 200 || statusCode === 204 || statusCode === 304) {
+    if (!(size <= SMALL_BODY_BYTES) || typeof headers['content-type'] !== 'string') {
       void reply.send(stream)
       return
     }

@@ -6,7 +6,7 @@ import { ProxyMetrics } from '../src/metrics.js'
 import { metricsObserver } from '../src/server.js'
 import { send, startProxy } from './helpers.js'
 import {
-  TRAILER_PROBES, answerDeclaringTrailers, headerNames, pathOf, rawRequest, startRawUpstream,
+  TRAILER_PROBES, answerDeclaringTrailers, errorOf, headerNames, pathOf, rawRequest, startRawUpstream,
 } from './security/raw.js'
 
 t.test('an upstream Trailer header cannot crash the process: HEAD, HTTP/1.0, with a Content-Length, on a 204; a chunked body with trailers arrives intact', async t => {
@@ -27,6 +27,85 @@ t.test('an upstream Trailer header cannot crash the process: HEAD, HTTP/1.0, wit
   const after = await send(`${proxy.url}/typed`)
   t.equal(after.status, 200, 'the proxy serves on')
   t.equal(after.body.toString(), 'hello world')
+})
+
+t.test('a 304 or 204 with a Content-Length passes through without a body, and the connection serves the next request', async t => {
+  const up = await startRawUpstream((head, socket) => {
+    const answers: Record<string, string> = {
+      '/304': 'HTTP/1.1 304 Not Modified\r\nETag: "v1"\r\nContent-Length: 1234\r\n\r\n',
+      '/204': 'HTTP/1.1 204 No Content\r\nContent-Length: 12\r\n\r\n',
+    }
+    socket.write(answers[pathOf(head)] ?? 'HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok')
+  })
+  const proxy = await startProxy({ COS_API_URL: up.url })
+  t.teardown(async () => { await proxy.close(); await up.close() })
+  const req = (path: string, extra = ''): string => `GET ${path} HTTP/1.1\r\nHost: 127.0.0.1\r\n${extra}\r\n`
+  // One client connection, one request at a time.
+  const res = await rawRequest(proxy.port, [req('/304', 'If-None-Match: "v1"\r\n'), req('/ok'), req('/204'), req('/ok')], { expect: 4, gapMs: 150 })
+  t.same(res.finals.map(r => r.status), [304, 200, 204, 200])
+  const [notModified, , noContent, last] = res.finals
+  t.same(notModified?.headers.etag, ['"v1"'])
+  t.same(notModified?.headers['content-length'], ['1234'], 'a 304 keeps the Content-Length of the representation (RFC 9110 §8.6)')
+  t.equal(notModified?.body.length, 0)
+  t.equal(noContent?.headers['content-length'], undefined, 'a 204 carries no Content-Length')
+  t.equal(noContent?.body.length, 0)
+  t.equal(last?.body.toString(), 'ok')
+  t.equal(res.leftover.length, 0, 'no stray bytes: nothing was sent as a body')
+  t.notOk(res.closedByPeer, 'the client connection stays open')
+  t.notOk(proxy.logs.text.includes('"level":"error"'), 'nothing logged as an error')
+})
+
+t.test('a small body under a repeated Content-Type keeps both lines, not a Content-Type made up by the proxy', async t => {
+  const up = await startRawUpstream((_head, socket) => {
+    socket.write('HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Type: text/html\r\nContent-Length: 2\r\n\r\nok')
+  })
+  const proxy = await startProxy({ COS_API_URL: up.url })
+  t.teardown(async () => { await proxy.close(); await up.close() })
+  const res = await rawRequest(proxy.port, 'GET /x HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n')
+  t.same(res.finals[0]?.headers['content-type'], ['text/plain', 'text/html'])
+  t.equal(res.finals[0]?.body.toString(), 'ok')
+})
+
+t.test('malformed upstream answers are 502 upstream_unavailable JSON errors, never 500, without the upstream\'s headers', async t => {
+  const extra = 'X-Upstream: 1\r\nCache-Control: max-age=60\r\n'
+  const answers: Record<string, string> = {
+    '/bad-status-line': 'HTTP/1.1 2x0 OK\r\n\r\n',
+    '/garbage': 'this is not http\r\n\r\n',
+    '/short-collected': `HTTP/1.1 200 OK\r\n${extra}Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"par`,
+    '/short-streamed': `HTTP/1.1 200 OK\r\n${extra}Content-Length: 100\r\n\r\n`,
+    '/bad-chunk': `HTTP/1.1 200 OK\r\n${extra}Transfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n`,
+    '/two-lengths': 'HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nok',
+    '/status-600': `HTTP/1.1 600 Odd\r\n${extra}Content-Length: 2\r\n\r\nok`,
+    '/switching': 'HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: Upgrade\r\n\r\n',
+  }
+  const up = await startRawUpstream((head, socket) => {
+    const answer = answers[pathOf(head)]
+    if (answer === undefined) socket.write('HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok')
+    else socket.end(answer)
+  })
+  const proxy = await startProxy({ COS_API_URL: up.url })
+  t.teardown(async () => { await proxy.close(); await up.close() })
+  for (const path of Object.keys(answers)) {
+    const res = await send(`${proxy.url}${path}`, { headers: { 'x-request-id': `bad${path.replace(/\//g, '-')}` } })
+    t.equal(res.status, 502, `${path}: 502`)
+    t.equal(errorOf({ status: res.status, statusLine: '', rawHeaders: [], headers: {}, body: res.body })?.code, 'upstream_unavailable', `${path}: JSON error`)
+    t.equal(res.headers['content-type'], 'application/json; charset=utf-8', `${path}: the error's own Content-Type`)
+    t.equal(res.headers['x-request-id'], `bad${path.replace(/\//g, '-')}`, `${path}: x-request-id`)
+    t.equal(res.headers['x-upstream'], undefined, `${path}: no header of the failed answer`)
+    t.equal(res.headers['cache-control'], undefined, `${path}: no caching of the error`)
+  }
+  t.notOk(proxy.logs.text.includes('internal_error'), 'no 500 anywhere')
+  t.notOk(proxy.logs.text.includes('already sent'), 'each answered once (reply-from goes on after answering a bad status)')
+  t.equal((await send(`${proxy.url}/fine`)).status, 200, 'the proxy serves on')
+})
+
+t.test('an upstream body that stalls before its first byte → 504 upstream_timeout, not a 500', async t => {
+  const up = await startRawUpstream((_head, socket) => { socket.write('HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n') })
+  const proxy = await startProxy({ COS_API_URL: up.url, COS_BODY_IDLE_TIMEOUT_MS: '300' })
+  t.teardown(async () => { await proxy.close(); await up.close() })
+  const res = await send(`${proxy.url}/stall`)
+  t.equal(res.status, 504)
+  t.match(JSON.parse(res.body.toString()), { error: { code: 'upstream_timeout' } })
 })
 
 // undici never hands over a header value Node refuses, so refusals are
