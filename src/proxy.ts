@@ -51,10 +51,17 @@ export interface ProxyOptions {
 
 // Hop-by-hop (RFC 9110 §7.6.1) plus the client's own credentials. `expect`
 // is answered by Node's server itself (100-continue) and undici refuses it.
-// Those present are set to undefined rather than deleted (undici skips
-// undefined values and the object keeps its fast shape); absent ones are not
-// touched, so the object does not grow keys that reply-from then copies.
-const DROP_REQUEST = ['authorization', 'proxy-authorization', 'proxy-connection', 'keep-alive', 'te', 'trailer', 'upgrade', 'expect'] as const
+// Forwarding headers are whatever the client chose to write: an upstream
+// that audits or filters on them would take them as the truth, and it sees
+// the proxy's own address anyway. Nothing sets them instead (neither
+// reply-from nor http-proxy adds any). Those present are set to undefined
+// rather than deleted (undici skips undefined values and the object keeps
+// its fast shape); absent ones are not touched, so the object does not grow
+// keys that reply-from then copies.
+const DROP_REQUEST = [
+  'authorization', 'proxy-authorization', 'proxy-connection', 'keep-alive', 'te', 'trailer', 'upgrade', 'expect',
+  'forwarded', 'x-forwarded-for', 'x-forwarded-host', 'x-forwarded-proto', 'x-forwarded-port', 'x-forwarded-prefix', 'x-real-ip',
+] as const
 // `trailer` and `te` as well: trailers are never forwarded, and Node refuses
 // to write a head that declares them on a response that cannot carry them
 // (HEAD, HTTP/1.0, a Content-Length, a 204).
