@@ -158,8 +158,7 @@ function isBodyless (req: AttemptRequest): boolean {
   return (req.body === '' || req.body === undefined) && req.headers['transfer-encoding'] === undefined && (length === undefined || length === '0')
 }
 
-// A body timeout gets here only before any of the body was written (see the error handler in proxyPlugin).
-const TIMEOUT_CODES = new Set(['UND_ERR_CONNECT_TIMEOUT', 'UND_ERR_HEADERS_TIMEOUT', 'UND_ERR_BODY_TIMEOUT', 'FST_REPLY_FROM_GATEWAY_TIMEOUT', 'FST_REPLY_FROM_TIMEOUT'])
+const TIMEOUT_CODES = new Set(['UND_ERR_CONNECT_TIMEOUT', 'UND_ERR_HEADERS_TIMEOUT', 'FST_REPLY_FROM_GATEWAY_TIMEOUT', 'FST_REPLY_FROM_TIMEOUT'])
 
 /** Maps a reply-from/undici failure to the proxy's contract: 504 for timeouts, 502 for the rest. */
 export function upstreamErrorStatus (error: Error): 502 | 504 {
@@ -220,10 +219,10 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
   }
 
   // An upstream body that fails before any of it was written (shorter than
-  // its Content-Length, a reset, a bad chunk, a body timeout) reaches Fastify's
-  // error handling through the stream: it is the upstream's failure, as one
-  // before its head would be (502/504), never the proxy's 500. Errors before
-  // any upstream answer go on to the server's handler.
+  // its Content-Length, a reset, a bad chunk, a body that stalls) reaches
+  // Fastify's error handling through the stream: it is the upstream's
+  // failure, as one before its head would be (502), never the proxy's 500.
+  // Errors before any upstream answer go on to the server's handler.
   fastify.setErrorHandler((error, request, reply) => {
     // A response that could not be written closed its connection: its body stream's end is no news.
     if (responseFailure(reply.raw) !== undefined) return

@@ -99,13 +99,13 @@ t.test('malformed upstream answers are 502 upstream_unavailable JSON errors, nev
   t.equal((await send(`${proxy.url}/fine`)).status, 200, 'the proxy serves on')
 })
 
-t.test('an upstream body that stalls before its first byte → 504 upstream_timeout, not a 500', async t => {
+t.test('an upstream body that stalls before its first byte → 502 upstream_unavailable (as a collected body does), not a 500', async t => {
   const up = await startRawUpstream((_head, socket) => { socket.write('HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n') })
   const proxy = await startProxy({ COS_API_URL: up.url, COS_BODY_IDLE_TIMEOUT_MS: '300' })
   t.teardown(async () => { await proxy.close(); await up.close() })
   const res = await send(`${proxy.url}/stall`)
-  t.equal(res.status, 504)
-  t.match(JSON.parse(res.body.toString()), { error: { code: 'upstream_timeout' } })
+  t.equal(res.status, 502)
+  t.match(JSON.parse(res.body.toString()), { error: { code: 'upstream_unavailable' } })
 })
 
 // undici never hands over a header value Node refuses, so refusals are
