@@ -60,6 +60,7 @@ class RouteCells {
   readonly upstream = new HistogramCell()
   readonly errors: Record<UpstreamErrorKind, number> = { refused: 0, reset: 0, timeout: 0, tls: 0, dns: 0, other: 0 }
   readonly retries: Record<RetryReason, number> = { connect: 0, unauthorized: 0 }
+  responseFailures = 0
   constructor (readonly route: RouteLabel) {}
 }
 
@@ -139,6 +140,10 @@ export class ProxyMetrics {
     this.n.tokensMinted++
   }
 
+  responseFailed (route: string): void {
+    (this.routes.get(route) ?? this.none).responseFailures++
+  }
+
   /**
    * Count one read of the key pair (the initial load included). Both
    * 'applied' and 'unchanged' are good reads and move the last-reload time:
@@ -199,6 +204,16 @@ function registerExporters (registry: Registry, cells: readonly RouteCells[], n:
     collect () {
       this.reset()
       for (const c of cells) for (const reason of RETRY_REASONS) if (c.retries[reason] > 0) this.inc({ route: c.route, reason }, c.retries[reason])
+    },
+  })
+  new Counter({
+    name: `${PREFIX}response_failures_total`,
+    help: 'Responses that could not be written (Node refused their head): their connection was closed instead, by route name.',
+    labelNames: ['route'] as const,
+    registers,
+    collect () {
+      this.reset()
+      for (const c of cells) if (c.responseFailures > 0) this.inc({ route: c.route }, c.responseFailures)
     },
   })
   new Counter({

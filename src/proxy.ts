@@ -13,6 +13,7 @@ import type { Route, RouteName } from './config.js'
 import type { CredentialStore } from './credentials.js'
 import { errorCodes, hasErrorCode } from './error-codes.js'
 import { sendError } from './errors.js'
+import { failResponse, responseFailure } from './response.js'
 import type { Upstreams } from './upstream.js'
 
 declare module 'fastify' {
@@ -51,13 +52,23 @@ export interface ProxyOptions {
 }
 
 // Hop-by-hop (RFC 9110 §7.6.1; HTTP2-Settings of an h2c upgrade, RFC 7540
-// §3.2.1, even when Connection does not name it) plus the client's own credentials.
-// `expect` is answered by Node's server itself (100-continue) and undici refuses it.
-// Those present are set to undefined rather than deleted (undici skips
-// undefined values and the object keeps its fast shape); absent ones are not
-// touched, so the object does not grow keys that reply-from then copies.
-const DROP_REQUEST = ['authorization', 'proxy-authorization', 'proxy-connection', 'keep-alive', 'te', 'trailer', 'upgrade', 'http2-settings', 'expect'] as const
-const DROP_RESPONSE: ReadonlySet<string> = new Set(['connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'upgrade'])
+// §3.2.1, even when Connection does not name it) plus the client's own
+// credentials. `expect` is answered by Node's server itself (100-continue)
+// and undici refuses it. Forwarding headers are whatever the client chose to
+// write: an upstream that audits or filters on them would take them as the
+// truth, and it sees the proxy's own address anyway. Nothing sets them
+// instead (neither reply-from nor http-proxy adds any). Those present are set
+// to undefined rather than deleted (undici skips undefined values and the
+// object keeps its fast shape); absent ones are not touched, so the object
+// does not grow keys that reply-from then copies.
+const DROP_REQUEST = [
+  'authorization', 'proxy-authorization', 'proxy-connection', 'keep-alive', 'te', 'trailer', 'upgrade', 'http2-settings', 'expect',
+  'forwarded', 'x-forwarded-for', 'x-forwarded-host', 'x-forwarded-proto', 'x-forwarded-port', 'x-forwarded-prefix', 'x-real-ip',
+] as const
+// `trailer` and `te` as well: trailers are never forwarded, and Node refuses
+// to write a head that declares them on a response that cannot carry them
+// (HEAD, HTTP/1.0, a Content-Length, a 204).
+const DROP_RESPONSE: ReadonlySet<string> = new Set(['connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'upgrade', 'trailer', 'te'])
 
 function connectionTokens (value: string | string[]): string[] {
   return (Array.isArray(value) ? value.join(',') : value).split(',').map(s => s.trim().toLowerCase()).filter(s => s !== '')
@@ -75,6 +86,10 @@ const SMALL_BODY_BYTES = 16 * 1024
 
 /** What reply-from hands onResponse (its typings say a ServerResponse). */
 interface UpstreamResponse { statusCode: number, headers: IncomingHttpHeaders, stream: Readable }
+// As reply-from's hooks have them: typed for HTTP/1 and HTTP/2 servers alike.
+type OnResponse = NonNullable<FastifyReplyFromHooks['onResponse']>
+type ProxyRequest = Parameters<OnResponse>[0]
+type ProxyReply = Parameters<OnResponse>[1]
 
 /** Passes a streamed body through and fails it once it exceeds the limit, which aborts the upstream request. */
 class BodyLimit extends Transform {
@@ -109,6 +124,37 @@ interface AttemptResponse { statusCode: number, stream: { resume: () => void } }
 const RETRY_METHODS = new Set(['GET', 'HEAD', 'OPTIONS'])
 // Failures where the upstream cannot have acted on the request.
 const CONNECTION_FAILURES = new Set(['ECONNREFUSED', 'ECONNRESET', 'EPIPE', 'UND_ERR_SOCKET', 'UND_ERR_CLOSED'])
+
+/** reply.send from an event listener, where a throw would be uncaught: it fails this response only. */
+function sendOrFail (reply: ProxyReply, payload?: Buffer): void {
+  try {
+    void reply.send(payload)
+  } catch (err) {
+    failResponse(reply.raw, err as Error)
+  }
+}
+
+/**
+ * A response that has no body by definition (RFC 9110 §6.4.1). undici 7
+ * delivers a 204 or 304 with a non-zero Content-Length (which RFC 9110 allows
+ * on a 304) and then fails its empty body with a length mismatch; the head
+ * is all there is to forward, so the body stream is only drained. A 204 may
+ * not carry a Content-Length (§8.6); a 304 or HEAD answer keeps the
+ * representation's.
+ */
+function sendHeadOnly (reply: ProxyReply, statusCode: number, stream: Readable): void {
+  stream.on('error', ignore)
+  stream.resume()
+  if (statusCode === 204) reply.removeHeader('content-length')
+  sendOrFail(reply)
+}
+
+function ignore (): void { /* the error is undici's own, about a body that cannot exist */ }
+
+/** Removes every header copied from the upstream's answer (reply-from's `connection: close` stays). */
+function dropCopiedHeaders (reply: ProxyReply): void {
+  for (const name of Object.keys(reply.getHeaders())) if (name !== 'connection') reply.removeHeader(name)
+}
 
 function isBodyless (req: AttemptRequest): boolean {
   const length = req.headers['content-length']
@@ -162,6 +208,8 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
   }
 
   const onError: NonNullable<FastifyReplyFromHooks['onError']> = (reply, { error }) => {
+    // The head of an upstream answer that then failed was copied: none of it belongs on this error.
+    if (reply.request.upstreamMs >= 0) dropCopiedHeaders(reply)
     if (hasErrorCode(error, BODY_TOO_LARGE)) {
       sendError(reply, 413, 'payload_too_large', `request bodies are limited to ${maxBody} bytes (COS_MAX_BODY_BYTES)`)
       return
@@ -173,21 +221,53 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
     else sendError(reply, 502, 'upstream_unavailable', 'the upstream could not be reached')
   }
 
+  // An upstream body that fails before any of it was written (shorter than
+  // its Content-Length, a reset, a bad chunk, a body that stalls) reaches
+  // Fastify's error handling through the stream: it is the upstream's
+  // failure, as one before its head would be (502), never the proxy's 500.
+  // Errors before any upstream answer go on to the server's handler.
+  fastify.setErrorHandler((error, request, reply) => {
+    // A response that could not be written closed its connection: its body stream's end is no news.
+    if (responseFailure(reply.raw) !== undefined) return
+    if (request.upstreamMs < 0 || !(error instanceof Error)) throw error
+    onError(reply, { error })
+  })
+
   /**
-   * A small body whose length the upstream declared is collected and sent
-   * with the headers in one write; reply-from's default pipes every body into
-   * the response, and for a few hundred bytes the pipe (listeners, end-of-
-   * stream tracking on both streams) costs more than the bytes. Anything
-   * larger, of unknown length, or without a Content-Type (Fastify would add
-   * one to a Buffer) streams through as before: bodies are never buffered
-   * beyond SMALL_BODY_BYTES.
+   * HEAD, 204 and 304 answers are sent as a head alone, whatever their
+   * Content-Length says. A small body whose length the upstream declared is
+   * collected and sent with the headers in one write; reply-from's default
+   * pipes every body into the response, and for a few hundred bytes the pipe
+   * (listeners, end-of-stream tracking on both streams) costs more than the
+   * bytes. Anything larger, of unknown length, or without exactly one
+   * Content-Type (Fastify would add one to a Buffer, or replace a repeated
+   * one) streams through as before: bodies are never buffered beyond
+   * SMALL_BODY_BYTES.
    */
-  const onResponse: NonNullable<FastifyReplyFromHooks['onResponse']> = (request, reply, res) => {
-    const { statusCode, headers, stream } = res as unknown as UpstreamResponse
+  const onResponse: OnResponse = (request, reply, res) => {
+    const upstream = res as unknown as UpstreamResponse
+    try {
+      forwardResponse(request, reply, upstream)
+    } catch (err) {
+      // Thrown into undici's response callback, it would be rethrown to the process (undici does so on purpose).
+      upstream.stream.destroy()
+      failResponse(reply.raw, err as Error)
+    }
+  }
+
+  function forwardResponse (request: ProxyRequest, reply: ProxyReply, { statusCode, headers, stream }: UpstreamResponse): void {
+    // reply-from comes here even after answering 502 to a status Fastify refuses.
+    if (reply.sent) {
+      stream.destroy()
+      return
+    }
+    if (request.method === 'HEAD' || statusCode === 204 || statusCode === 304) {
+      sendHeadOnly(reply, statusCode, stream)
+      return
+    }
     const length = headers['content-length']
     const size = typeof length === 'string' && length.length <= 5 ? Number(length) : NaN
-    if (!(size <= SMALL_BODY_BYTES) || headers['content-type'] === undefined || request.method === 'HEAD' ||
-      statusCode < 200 || statusCode === 204 || statusCode === 304) {
+    if (!(size <= SMALL_BODY_BYTES) || typeof headers['content-type'] !== 'string') {
       void reply.send(stream)
       return
     }
@@ -197,7 +277,7 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
       // undici fails the body if it outgrows its Content-Length; this only keeps the copy in bounds.
       filled += chunk.copy(body, filled)
     })
-    stream.once('end', () => { void reply.send(filled === size ? body : body.subarray(0, filled)) })
+    stream.once('end', () => { sendOrFail(reply, filled === size ? body : body.subarray(0, filled)) })
     stream.once('error', (error: Error) => { onError(reply, { error }) })
   }
 

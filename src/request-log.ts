@@ -1,9 +1,12 @@
 import { LogController, type FastifyReply, type FastifyRequest } from 'fastify'
+import { responseFailure } from './response.js'
 
 /** Per-request counters and histograms; ProxyMetrics implements it. */
 export interface RequestObserver {
   requestStarted: () => void
   requestFinished: (route: string, method: string, status: number, totalSeconds: number, upstreamSeconds: number | undefined) => void
+  /** A response that could not be written (its connection was closed instead); before its requestFinished. */
+  responseFailed?: (route: string) => void
 }
 
 /**
@@ -38,7 +41,12 @@ export class RequestLog extends LogController {
 
   #completed (request: FastifyRequest, reply: FastifyReply): void {
     const route = request.routeOptions.config.routeName ?? 'none'
-    const aborted = !reply.raw.writableFinished
+    const failure = responseFailure(reply.raw)
+    const aborted = !reply.raw.writableFinished || failure !== undefined
+    if (failure !== undefined) {
+      this.#observer?.responseFailed?.(route)
+      request.log.error({ err: failure }, 'the response could not be written: its connection was closed')
+    }
     const elapsedMs = reply.elapsedTime
     // eslint-disable-next-line @typescript-eslint/no-unnecessary-condition -- undefined on requests no proxy route handled
     const upstreamMs = request.upstreamMs ?? -1

@@ -18,6 +18,7 @@ import { allowList, browserPolicy, hasRequiredHeader, hostProblem, isLoopbackAdd
 import { ProxyMetrics, classifyUpstreamError } from './metrics.js'
 import { proxyPlugin, type ProxyObserver } from './proxy.js'
 import { RequestLog, type RequestObserver } from './request-log.js'
+import { GuardedResponse } from './response.js'
 import { Upstreams } from './upstream.js'
 
 // A client-chosen id is kept when it is a sane token; anything else (too
@@ -203,6 +204,8 @@ export async function buildProxyServer (opts: ProxyServerOptions): Promise<Fasti
       connectionsCheckingInterval: Math.min(1000, client.headersTimeoutMs),
       // Refuse what Node's parser can be lenient about (obs-fold, bare LF, …).
       insecureHTTPParser: false,
+      // A response Node refuses to write fails its request, not the process.
+      ServerResponse: GuardedResponse,
     },
     clientErrorHandler: rejectMalformed,
   })
@@ -272,6 +275,18 @@ function exitAfterFlush (logger: Logger, code: number): void {
   logger.flush(() => process.exit(code))
 }
 
+/** What the proxy and its request log report, counted in `metrics`. */
+export function metricsObserver (metrics: ProxyMetrics): ProxyObserver & RequestObserver {
+  return {
+    requestStarted: () => metrics.requestStarted(),
+    requestFinished: (route, method, status, total, upstream) => metrics.requestFinished(route, method, status, total, upstream),
+    upstreamError: (route, err) => metrics.upstreamError(route, classifyUpstreamError(err)),
+    retried: (route, reason) => metrics.retried(route, reason),
+    tokenMinted: () => metrics.tokenMinted(),
+    responseFailed: route => metrics.responseFailed(route),
+  }
+}
+
 export interface ServeOptions {
   readonly config: Config
   readonly logger: Logger
@@ -306,13 +321,7 @@ export async function serve (opts: ServeOptions): Promise<void> {
   await watcher.start()
 
   upstreams.watch(config.credentialsReloadMs)
-  const observer: ProxyObserver & RequestObserver = {
-    requestStarted: () => metrics.requestStarted(),
-    requestFinished: (route, method, status, total, upstream) => metrics.requestFinished(route, method, status, total, upstream),
-    upstreamError: (route, err) => metrics.upstreamError(route, classifyUpstreamError(err)),
-    retried: (route, reason) => metrics.retried(route, reason),
-    tokenMinted: () => metrics.tokenMinted(),
-  }
+  const observer = metricsObserver(metrics)
   // The 401 path re-reads the files synchronously; an upstream that rejects
   // every request must not turn that into a read per request.
   let lastResync = 0

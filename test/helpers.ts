@@ -8,6 +8,8 @@ import type { FastifyInstance } from 'fastify'
 import { loadConfig, type Config } from '../src/config.js'
 import { CredentialStore, readPair } from '../src/credentials.js'
 import { createLogger } from '../src/logger.js'
+import type { ProxyObserver } from '../src/proxy.js'
+import type { RequestObserver } from '../src/request-log.js'
 import { buildProxyServer } from '../src/server.js'
 
 export const ACCESS_KEY = 'AKIDTEST'
@@ -92,13 +94,13 @@ export function testConfig (env: Record<string, string>): Config {
 }
 
 /** The real proxy on an ephemeral port, logging to memory at `level`. */
-export async function startProxy (env: Record<string, string>, level: Config['logLevel'] = 'info'): Promise<RunningProxy> {
+export async function startProxy (env: Record<string, string>, level: Config['logLevel'] = 'info', opts: { readonly observer?: ProxyObserver & RequestObserver } = {}): Promise<RunningProxy> {
   const config = testConfig({ COS_LOG_LEVEL: level, ...env })
   const pair = await readPair(config.credentials, config.tokenEncoding)
   if (!pair.ok) throw new Error(`${pair.variable} ${pair.problem}`)
   const credentials = new CredentialStore(pair.minter)
   const logs = new LogCapture()
-  const app = await buildProxyServer({ config, credentials, logger: createLogger(config.logLevel, logs) })
+  const app = await buildProxyServer({ config, credentials, logger: createLogger(config.logLevel, logs), ...opts })
   await app.listen({ host: '127.0.0.1', port: 0 })
   const { port } = app.server.address() as AddressInfo
   return { url: `http://127.0.0.1:${port}`, port, app, config, logs, credentials, close: () => app.close() }

@@ -8,6 +8,7 @@ import { join } from 'node:path'
 import t from 'tap'
 import { json, send, startUpstream, type SimpleResponse } from './helpers.js'
 import { CLI, startSidecar as startSidecarIn, until } from './sidecar.js'
+import { TRAILER_PROBES, answerDeclaringTrailers, rawRequest, startRawUpstream } from './security/raw.js'
 
 const CWD = mkdtempSync(join(tmpdir(), 'cos-life-'))
 t.teardown(() => rmSync(CWD, { recursive: true, force: true }))
@@ -31,6 +32,23 @@ t.test('probes: healthz 200, readyz 200 when ready, metrics in Prometheus text',
   t.match(metrics.body.toString(), /cos_auth_proxy_tokens_minted_total 1/)
   t.equal((await send(`${s.proxy}/healthz`)).status, 200, 'the proxy port forwards /healthz upstream: admin paths are not on it')
   t.equal(up.received.at(-1)?.url, '/healthz')
+})
+
+t.test('an upstream that declares a Trailer cannot take the sidecar down: every combination answered, then it still serves', async t => {
+  const up = await startRawUpstream(answerDeclaringTrailers)
+  const s = await startSidecar({ ...CREDS, COS_API_URL: up.url })
+  t.teardown(async () => { s.child.kill('SIGKILL'); await up.close() })
+  const port = Number(new URL(s.proxy).port)
+  for (const p of TRAILER_PROBES) {
+    const res = await rawRequest(port, p.request, { head: p.head })
+    t.same(res.finals.map(r => [r.status, r.body.toString('latin1')]), [[p.status, p.body]], p.name)
+  }
+  t.equal(s.child.exitCode, null, 'the process is alive')
+  t.equal((await send(`${s.admin}/healthz`)).status, 200, 'healthz answers')
+  const after = await send(`${s.proxy}/typed`)
+  t.equal(after.status, 200, 'the proxy still serves')
+  t.equal(after.body.toString(), 'hello world')
+  t.notOk(s.lines().some(l => l.level === 'error' || l.level === 'fatal'), 'nothing logged as an error')
 })
 
 t.test('credential files missing at start: the proxy starts unready, answers 503, then picks them up', async t => {

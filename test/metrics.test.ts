@@ -73,6 +73,7 @@ t.test('a fresh registry declares every metric with its type; fixed sets start a
     [`${P}upstream_duration_seconds`]: 'histogram',
     [`${P}upstream_errors_total`]: 'counter',
     [`${P}upstream_retries_total`]: 'counter',
+    [`${P}response_failures_total`]: 'counter',
     [`${P}tokens_minted_total`]: 'counter',
     [`${P}credential_reloads_total`]: 'counter',
     [`${P}credential_last_reload_timestamp_seconds`]: 'gauge',
@@ -82,7 +83,7 @@ t.test('a fresh registry declares every metric with its type; fixed sets start a
   t.equal(value(e, `${P}tokens_minted_total`), 0)
   t.equal(value(e, `${P}credential_last_reload_timestamp_seconds`), 0)
   t.equal(value(e, `${P}in_flight_requests`), 0)
-  for (const name of ['requests_total', 'request_duration_seconds_count', 'upstream_duration_seconds_count', 'upstream_errors_total', 'upstream_retries_total']) {
+  for (const name of ['requests_total', 'request_duration_seconds_count', 'upstream_duration_seconds_count', 'upstream_errors_total', 'upstream_retries_total', 'response_failures_total']) {
     t.same(find(e, P + name), [], `${name}: no series before anything happened`)
   }
 })
@@ -194,7 +195,7 @@ t.test('in-flight goes up with requestStarted and down with requestFinished', as
   t.equal(await inFlight(), 0)
 })
 
-t.test('upstream errors, retries and tokens move their counters', async t => {
+t.test('upstream errors, retries, tokens and response failures move their counters', async t => {
   const m = new ProxyMetrics({ defaultMetrics: false })
   const kinds: UpstreamErrorKind[] = ['refused', 'reset', 'timeout', 'tls', 'dns', 'other']
   kinds.forEach((kind, i) => { for (let n = 0; n <= i; n++) m.upstreamError('management', kind) })
@@ -203,6 +204,9 @@ t.test('upstream errors, retries and tokens move their counters', async t => {
   m.retried('management', 'unauthorized')
   m.retried('management', 'unauthorized')
   for (let i = 0; i < 5; i++) m.tokenMinted()
+  m.responseFailed('api')
+  m.responseFailed('api')
+  m.responseFailed('/raw/path')
   const e = await scrape(m)
   kinds.forEach((kind, i) => t.equal(value(e, `${P}upstream_errors_total`, { route: 'management', kind }), i + 1, kind))
   t.equal(value(e, `${P}upstream_errors_total`, { route: 'optimize', kind: 'timeout' }), 1)
@@ -210,6 +214,9 @@ t.test('upstream errors, retries and tokens move their counters', async t => {
   t.equal(value(e, `${P}upstream_retries_total`, { route: 'management', reason: 'connect' }), 1)
   t.equal(value(e, `${P}upstream_retries_total`, { route: 'management', reason: 'unauthorized' }), 2)
   t.equal(value(e, `${P}tokens_minted_total`), 5)
+  t.equal(value(e, `${P}response_failures_total`, { route: 'api' }), 2)
+  t.equal(value(e, `${P}response_failures_total`, { route: 'none' }), 1, 'unknown route names count as none')
+  t.equal(find(e, `${P}response_failures_total`).length, 2)
 })
 
 t.test('credential reloads: counted by result; applied and unchanged move the last-good time, rejected does not', async t => {

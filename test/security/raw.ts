@@ -396,3 +396,101 @@ export function converse (port: number, requests: readonly (string | Buffer)[], 
     socket.once('connect', next)
   })
 }
+
+/** A TCP server standing in for an upstream that answers with exact bytes, right or wrong. */
+export interface RawUpstream {
+  readonly url: string
+  readonly port: number
+  /** Every request head received (bodies are not expected), in order. */
+  readonly heads: string[]
+  close: () => Promise<void>
+}
+
+/**
+ * Calls `answer` with each request head read on a connection (the proxy
+ * sends bodiless requests here) and the socket to write the answer to, or to
+ * end or leave hanging. Connections stay open until the answer ends them.
+ */
+export async function startRawUpstream (answer: (head: string, socket: Socket) => void): Promise<RawUpstream> {
+  const heads: string[] = []
+  const sockets = new Set<Socket>()
+  const server = createServer(socket => {
+    sockets.add(socket)
+    socket.on('close', () => sockets.delete(socket))
+    socket.on('error', () => undefined)
+    let pending = ''
+    socket.on('data', (chunk: Buffer) => {
+      pending += chunk.toString('latin1')
+      for (let end = pending.indexOf('\r\n\r\n'); end >= 0; end = pending.indexOf('\r\n\r\n')) {
+        const head = pending.slice(0, end)
+        pending = pending.slice(end + 4)
+        heads.push(head)
+        answer(head, socket)
+      }
+    })
+  })
+  const port = await listenOnLoopback(server)
+  return {
+    url: `http://127.0.0.1:${port}`,
+    port,
+    heads,
+    close: () => new Promise<void>(resolve => { for (const s of sockets) s.destroy(); server.close(() => resolve()) }),
+  }
+}
+
+/** The path of a request head ("GET /x HTTP/1.1" → "/x"). */
+export function pathOf (head: string): string {
+  return head.split(' ', 2)[1] ?? ''
+}
+
+// Answers that declare trailers. Node refuses to write such a head on a
+// response that cannot carry trailers, and did so by throwing out of the
+// process (issue 11): the proxy must drop the declaration instead.
+const TRAILER_ANSWERS: Readonly<Record<string, string>> = {
+  '/chunked': 'HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\nTrailer: X-Checksum\r\nTE: trailers\r\n\r\n',
+  '/typed': 'HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 11\r\nTrailer: X-Checksum\r\n\r\n',
+  '/untyped': 'HTTP/1.1 200 OK\r\nContent-Length: 11\r\nTrailer: X-Checksum\r\n\r\n',
+  '/204': 'HTTP/1.1 204 No Content\r\nTrailer: X-Checksum\r\n\r\n',
+}
+const TRAILER_BODIES: Readonly<Record<string, string>> = {
+  '/chunked': '5\r\nhello\r\n6\r\n world\r\n0\r\nX-Checksum: 5eb63bbb\r\n\r\n',
+  '/typed': 'hello world',
+  '/untyped': 'hello world',
+  '/204': '',
+}
+
+/** A startRawUpstream answer: every path above declares a trailer (and sends no body to HEAD). */
+export function answerDeclaringTrailers (head: string, socket: Socket): void {
+  const path = pathOf(head)
+  socket.write((TRAILER_ANSWERS[path] ?? 'HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n') + (head.startsWith('HEAD ') ? '' : TRAILER_BODIES[path] ?? ''))
+}
+
+export interface TrailerProbe {
+  readonly name: string
+  /** The whole request, for rawRequest. */
+  readonly request: string
+  readonly head: boolean
+  readonly status: number
+  readonly body: string
+}
+
+const probe = (name: string, method: string, path: string, version: string, status: number, body: string): TrailerProbe => ({
+  name,
+  request: `${method} ${path} HTTP/${version}\r\nHost: 127.0.0.1\r\n${version === '1.1' ? 'Connection: close\r\n' : ''}\r\n`,
+  head: method === 'HEAD',
+  status,
+  body,
+})
+
+/** Every way a declared trailer met a response that cannot carry it, plus the chunked GET that can. */
+export const TRAILER_PROBES: readonly TrailerProbe[] = [
+  probe('HEAD, chunked upstream answer', 'HEAD', '/chunked', '1.1', 200, ''),
+  probe('HEAD, answer with a Content-Length', 'HEAD', '/typed', '1.1', 200, ''),
+  probe('HTTP/1.0 client, chunked upstream answer', 'GET', '/chunked', '1.0', 200, 'hello world'),
+  probe('HTTP/1.0 client, streamed answer', 'GET', '/untyped', '1.0', 200, 'hello world'),
+  probe('Trailer with Content-Length, collected body', 'GET', '/typed', '1.1', 200, 'hello world'),
+  probe('Trailer with Content-Length, streamed body', 'GET', '/untyped', '1.1', 200, 'hello world'),
+  probe('Trailer on a 204', 'GET', '/204', '1.1', 204, ''),
+  probe('Trailer on a 204, HTTP/1.0 client', 'GET', '/204', '1.0', 204, ''),
+  probe('chunked with trailers on a GET: the body arrives intact', 'GET', '/chunked', '1.1', 200, 'hello world'),
+]

@@ -1,0 +1,45 @@
+// A response that cannot be written fails its own request, never the process.
+import { ServerResponse, type IncomingMessage, type OutgoingHttpHeader, type OutgoingHttpHeaders } from 'node:http'
+
+type HeadFields = OutgoingHttpHeaders | OutgoingHttpHeader[]
+
+/** Any response (reply-from's hooks are typed for HTTP/2 as well). */
+interface Response { destroy: () => unknown }
+interface MaybeFailed { writeFailure?: Error }
+
+/**
+ * Ends `res` because writing it failed with `err`: its connection is closed
+ * (a head that could not be written leaves nothing valid to send), and the
+ * first error is kept for the request log (see responseFailure).
+ */
+export function failResponse (res: Response, err: Error): void {
+  (res as Response & MaybeFailed).writeFailure ??= err
+  // Without an error: one passed to destroy() would come back as a client error on the socket.
+  res.destroy()
+}
+
+/** Why `res` could not be written, if it could not. */
+export function responseFailure (res: Response): Error | undefined {
+  return (res as Response & MaybeFailed).writeFailure
+}
+
+/**
+ * The proxy's ServerResponse (Node's `ServerResponse` server option). Node's
+ * writeHead throws when it refuses a head: a header value it will not write,
+ * a status out of range, `Trailer` on a message that cannot carry trailers
+ * (HEAD, HTTP/1.0, a Content-Length, a 204). It runs inside a body's pipe, a
+ * stream's 'end' listener or undici's response callback (which rethrows on
+ * purpose), where nothing catches it and the process dies with every request
+ * in flight. Here the throw fails only this response (failResponse).
+ */
+export class GuardedResponse<Request extends IncomingMessage = IncomingMessage> extends ServerResponse<Request> {
+  override writeHead (statusCode: number, reason?: string | HeadFields, fields?: HeadFields): this {
+    try {
+      // Node reads a non-string `reason` as the fields (writeHead(status, fields)).
+      return super.writeHead(statusCode, reason as string | undefined, fields)
+    } catch (err) {
+      failResponse(this, err as Error)
+      return this
+    }
+  }
+}
