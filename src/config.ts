@@ -4,6 +4,7 @@ import { readFileSync } from 'node:fs'
 import { isIP } from 'node:net'
 import { parseEnv } from 'node:util'
 import envSchema from 'env-schema'
+import { foldedPrefix, foldSegment } from './guard.js'
 import { Secret } from './secret.js'
 import { TOKEN_ENCODINGS, type TokenEncoding } from './token.js'
 
@@ -212,7 +213,7 @@ function build (raw: Raw, needs: NonNullable<LoadOptions['needs']>): Config {
   if (management) routes.push(management)
   if (optimize) routes.push(optimize)
   if (management && optimize && overlaps(management.prefix, optimize.prefix)) {
-    throw new ConfigError('COS_OPTIMIZE_PATH_PREFIX', `must not overlap COS_MANAGEMENT_PATH_PREFIX (both claim ${JSON.stringify(optimize.prefix)})`)
+    throw new ConfigError('COS_OPTIMIZE_PATH_PREFIX', `must not overlap COS_MANAGEMENT_PATH_PREFIX, also ignoring case, ";params" and trailing dots (both claim ${JSON.stringify(optimize.prefix)})`)
   }
   if (api) routes.push(api)
   const admin = { host: hostname('COS_ADMIN_HOST', raw.COS_ADMIN_HOST ?? '127.0.0.1'), port: raw.COS_ADMIN_PORT }
@@ -326,8 +327,10 @@ function withoutUserinfo (url: string): string {
   return url.includes('@') ? '<not shown: contains "@">' : url
 }
 
+/** One prefix's segments start the other's, compared as the lookalike check folds them (guard.ts prefixLookalike relies on it). */
 function overlaps (a: string, b: string): boolean {
-  return a === b || a.startsWith(b + '/') || b.startsWith(a + '/')
+  const [x, y] = [foldedPrefix(a), foldedPrefix(b)]
+  return x.every((s, i) => i >= y.length || s === y[i])
 }
 
 function route (name: RouteName, urlVar: VariableName, url: string | undefined, prefixVar: VariableName | undefined, prefix: string | undefined): Route | undefined {
@@ -353,6 +356,9 @@ function route (name: RouteName, urlVar: VariableName, url: string | undefined, 
       throw new ConfigError(prefixVar, `must be a path like /${name}: segments of URL-safe characters, no wildcards, not "/" (got ${JSON.stringify(p)})`)
     }
     if (p.endsWith('/')) p = p.slice(0, -1)
+    if (p.split('/').slice(1).some(segment => foldSegment(segment) === '')) {
+      throw new ConfigError(prefixVar, `must not have a segment of only dots or ";params" (got ${JSON.stringify(prefix)})`)
+    }
   }
   return {
     name,

@@ -85,6 +85,10 @@ t.test('each bad value exits with a line naming the variable', async t => {
     [{ ...base, COS_HEADERS_TIMEOUT_MS: 'soon' }, 'COS_HEADERS_TIMEOUT_MS', /milliseconds/],
     [{ ...base, COS_ADMIN_PORT: '8080' }, 'COS_ADMIN_PORT', /differ from COS_LISTEN_PORT/],
     [{ ...base, COS_CLIENT_CERT_FILE: '/c.pem' }, 'COS_CLIENT_KEY_FILE', /other half/],
+    [{ ...base, COS_MANAGEMENT_API_URL: 'https://m.example.com', COS_OPTIMIZE_API_URL: 'https://o.example.com', COS_OPTIMIZE_PATH_PREFIX: '/Management' }, 'COS_OPTIMIZE_PATH_PREFIX', /overlap COS_MANAGEMENT_PATH_PREFIX, also ignoring case/],
+    [{ ...base, COS_MANAGEMENT_API_URL: 'https://m.example.com', COS_MANAGEMENT_PATH_PREFIX: '/a', COS_OPTIMIZE_API_URL: 'https://o.example.com', COS_OPTIMIZE_PATH_PREFIX: '/a;v2/x' }, 'COS_OPTIMIZE_PATH_PREFIX', /overlap/],
+    [{ ...base, COS_OPTIMIZE_API_URL: 'https://o.example.com', COS_OPTIMIZE_PATH_PREFIX: '/..' }, 'COS_OPTIMIZE_PATH_PREFIX', /only dots or ";params"/],
+    [{ ...base, COS_OPTIMIZE_API_URL: 'https://o.example.com', COS_OPTIMIZE_PATH_PREFIX: '/opt/;v1' }, 'COS_OPTIMIZE_PATH_PREFIX', /only dots or ";params"/],
   ]
   for (const [env, variable, problem] of cases) {
     const err = errorOf(env)

@@ -4,7 +4,7 @@
 // answered (documentation for the report; only the contract is asserted).
 import { createServer } from 'node:net'
 import t, { type Test } from 'tap'
-import { listenOnLoopback, send, startProxy, type RunningProxy } from '../helpers.js'
+import { json, listenOnLoopback, send, startProxy, type RunningProxy } from '../helpers.js'
 import { errorOf, get, headerNames, rawRequest, startCountingUpstream, type CountingUpstream, type RawOptions, type RawResponse } from './raw.js'
 
 interface Rig {
@@ -77,7 +77,7 @@ interface Refusal {
   readonly layer?: string
 }
 
-async function expectRefused (t: Test, r: Rig, c: Refusal): Promise<void> {
+async function expectRefused (t: Test, r: Rig, c: Refusal): Promise<RawResponse | undefined> {
   const seen = r.seen()
   const completed = r.completed()
   const res = await rawRequest(r.proxy.port, typeof c.bytes === 'string' ? Buffer.from(c.bytes, 'latin1') : c.bytes, { timeoutMs: 2500, settleMs: 100, ...c.opts })
@@ -96,6 +96,7 @@ async function expectRefused (t: Test, r: Rig, c: Refusal): Promise<void> {
   if (c.headMayPass === true) t.equal(r.completed() - completed, 0, `${c.name}: no upstream received a complete request`)
   else t.equal(r.seen() - seen, 0, `${c.name}: nothing reached any upstream`)
   await healthy(t, r, c.name)
+  return first
 }
 
 const H = 'Host: 127.0.0.1\r\n'
@@ -177,6 +178,11 @@ t.test('paths with dot-segments, backslashes, NUL, double encoding → 400, noth
     '/management/a%255cb',
     '/management/a%2500b',
     '/management/x#frag',
+    '/optimize/..;/management/x',
+    '/optimize/a/..;x/..;y/management/x',
+    '/optimize/.;/x',
+    '/optimize/..%3B/management/x',
+    '/optimize/..%20/management/x',
   ]
   for (const path of paths) await expectRefused(t, r, { name: `path ${path}`, bytes: get(path), status: 400, code: 'bad_request' })
 })
@@ -399,13 +405,67 @@ t.test('layers that answered (for the report)', async t => {
   t.pass('recorded')
 })
 
+const OVERRIDES = ['X-HTTP-Method-Override', 'X-HTTP-Method', 'X-Method-Override', 'X-Original-Method', 'X-Original-HTTP-Method', 'X-Rewrite-Method', 'X-Method']
+
 t.test('a method-override header cannot bypass COS_*_ALLOWED_METHODS', async t => {
   const r = await rig(t, { COS_MANAGEMENT_ALLOWED_METHODS: 'GET,HEAD' })
-  for (const name of ['X-HTTP-Method-Override', 'X-HTTP-Method', 'X-Method-Override']) {
-    const res = await send(`${r.proxy.url}/management/x`, { headers: { [name]: 'DELETE' } })
-    t.equal(res.status, 405, name)
-    t.match(res.body.toString(), /"code":"method_not_allowed"/)
+  for (const name of OVERRIDES) {
+    for (const value of ['DELETE', ' delete ', 'GET, DELETE']) {
+      const res = await send(`${r.proxy.url}/management/x`, { headers: { [name]: value } })
+      t.equal(res.status, 405, `${name}: ${value}`)
+      t.equal(res.headers.allow, 'GET, HEAD', 'Allow lists the route\'s methods')
+      const message = (json(res) as { error: { code: string, message: string } }).error.message
+      // It says the header is the cause: the request's own method (GET) is allowed.
+      t.match(message, new RegExp(`^the ${name.toLowerCase()} header asks for (DELETE|another method), which is not allowed on this route$`), message)
+    }
   }
   t.equal((await send(`${r.proxy.url}/management/x`, { headers: { 'X-HTTP-Method-Override': 'GET' } })).status, 200, 'naming an allowed method is fine')
+  t.equal((await send(`${r.proxy.url}/management/x`, { method: 'DELETE' })).headers.allow, 'GET, HEAD')
+  t.match((json(await send(`${r.proxy.url}/management/x`, { method: 'DELETE' })) as { error: { message: string } }).error.message, /^DELETE is not allowed on this route$/)
   t.equal(r.completed(), 1, 'only the allowed one was forwarded')
+})
+
+t.test('a method-override header cannot turn a request into TRACE or another method the proxy never forwards, on any route', async t => {
+  const r = await rig(t) // no method lists
+  for (const name of OVERRIDES) {
+    for (const value of ['TRACE', 'CONNECT', 'PROPFIND', 'TRACK']) {
+      const res = await send(`${r.proxy.url}/other/x`, { method: 'POST', headers: { [name]: value }, body: 'hi' })
+      t.equal(res.status, 405, `${name}: ${value}`)
+      t.equal(res.headers.allow, 'DELETE, GET, HEAD, PATCH, POST, PUT, OPTIONS')
+      t.match(res.body.toString(), new RegExp(`the ${name.toLowerCase()} header asks for ${value}`))
+    }
+  }
+  t.equal(r.seen(), 0, 'none was forwarded')
+  // Naming a method the route forwards anyway gains nothing: passed on as sent.
+  const ok = await send(`${r.proxy.url}/other/x`, { method: 'POST', headers: { 'X-HTTP-Method-Override': 'PATCH' }, body: 'hi' })
+  t.equal(ok.status, 200)
+  t.equal(r.api.received[0]?.headers['x-http-method-override'], 'PATCH', 'forwarded unchanged')
+})
+
+t.test('a path that only looks like a route prefix cannot reach the catch-all past COS_*_ALLOWED_METHODS', async t => {
+  const r = await rig(t, { COS_MANAGEMENT_ALLOWED_METHODS: 'GET,HEAD', COS_OPTIMIZE_PATH_PREFIX: '/opt/v1', COS_OPTIMIZE_ALLOWED_METHODS: 'GET' })
+  const lookalikes = [
+    '/management;x/clusters', '/management%3Bx/clusters', '/MANAGEMENT/clusters', '/%4Danagement/clusters', '/management./clusters',
+    '/management%20/clusters', '/management%2E/clusters', '/management%09/clusters', '/management%2e%2e/clusters', '//management/clusters',
+    '/;x/management/clusters', '/%EF%BD%8Danagement/clusters', '/%254Danagement/clusters',
+    '/opt/V1/x', '/OPT/v1/x', '/opt;x/v1/x', '/opt//v1/x', '/opt/v1;x/y', '/opt/v1./y',
+  ]
+  for (const path of lookalikes) {
+    const first = await expectRefused(t, r, { name: `DELETE ${path}`, bytes: `DELETE ${path} HTTP/1.1\r\n${H}${C}\r\n`, status: 400, code: 'bad_request' })
+    t.match(errorOf(first)?.message, /only looks like the \/(management|opt\/v1) prefix/, `${path}: says why`)
+  }
+  // Still as before: the route itself with its list, the form the router decodes to it, and paths merely sharing letters.
+  t.equal((await rawRequest(r.proxy.port, `DELETE /management/clusters HTTP/1.1\r\n${H}${C}\r\n`)).finals[0]?.status, 405, 'DELETE /management/clusters: the route\'s list')
+  const forwarded: [string, string, CountingUpstream, string][] = [
+    ['GET', '/%6Danagement/clusters', r.mgmt, '/clusters'],
+    ['DELETE', '/managementx/clusters', r.api, '/base/managementx/clusters'],
+    ['DELETE', '/opt/v2/x', r.api, '/base/opt/v2/x'],
+    ['DELETE', '/v1/management/x', r.api, '/base/v1/management/x'],
+    ['GET', '/opt/v1/x', r.opt, '/opt/v1/x'],
+  ]
+  for (const [method, path, upstream, expected] of forwarded) {
+    const before = upstream.received.length
+    t.equal((await rawRequest(r.proxy.port, `${method} ${path} HTTP/1.1\r\n${H}${C}\r\n`)).finals[0]?.status, 200, `${method} ${path} forwarded`)
+    t.equal(upstream.received.at(before)?.url, expected, `${method} ${path} → ${expected}`)
+  }
 })
