@@ -2,8 +2,10 @@
 // status and JSON error code, that no upstream saw anything, and that the
 // proxy keeps serving afterwards. `layer` records which part of the stack
 // answered (documentation for the report; only the contract is asserted).
+import { METHODS } from 'node:http'
 import { createServer } from 'node:net'
 import t, { type Test } from 'tap'
+import { PROXY_METHODS } from '../../src/config.js'
 import { json, listenOnLoopback, send, startProxy, type RunningProxy } from '../helpers.js'
 import { errorOf, get, headerNames, rawRequest, startCountingUpstream, type CountingUpstream, type RawOptions, type RawResponse } from './raw.js'
 
@@ -247,7 +249,6 @@ t.test('ambiguous framing and malformed header lines → 400, nothing forwarded'
     ['bare LF line endings', 'POST /management/x HTTP/1.1\nHost: a\nContent-Length: 0\n\n'],
     ['tab inside the request target', `GET /management/a\tb HTTP/1.1\r\n${H}${C}\r\n`],
     ['raw non-ASCII bytes in the request target', `GET /management/\xc3\xa9\xff HTTP/1.1\r\n${H}${C}\r\n`],
-    ['lower-case method', `get /management/x HTTP/1.1\r\n${H}${C}\r\n`],
   ]
   for (const [name, bytes] of cases) await expectRefused(t, r, { name, bytes, status: 400, code: 'bad_request' })
   // HTTP/1.1 without Host: Node's server answers 400 itself (not through the proxy).
@@ -468,4 +469,24 @@ t.test('a path that only looks like a route prefix cannot reach the catch-all pa
     t.equal((await rawRequest(r.proxy.port, `${method} ${path} HTTP/1.1\r\n${H}${C}\r\n`)).finals[0]?.status, 200, `${method} ${path} forwarded`)
     t.equal(upstream.received.at(before)?.url, expected, `${method} ${path} → ${expected}`)
   }
+})
+
+t.test('methods the proxy does not forward get a JSON 405 naming them, with Allow, whichever layer knows them', async t => {
+  const r = await rig(t)
+  // Node's parser knows these (Fastify's router only some); CONNECT has its own answer (400, not a forward proxy).
+  const parsed = METHODS.filter(m => !(PROXY_METHODS as readonly string[]).includes(m) && m !== 'CONNECT')
+  // These Node's parser rejects: made up, or in the wrong case.
+  const unknown = ['FOO', 'BREW', 'PROPFOO', 'TRACK', 'get', 'Delete', 'X-CUSTOM_1']
+  for (const method of [...parsed, ...unknown]) {
+    const first = await expectRefused(t, r, { name: method, bytes: `${method} /management/x HTTP/1.1\r\n${H}${C}\r\n`, status: 405, code: 'method_not_allowed' })
+    t.same(first?.headers.allow, ['DELETE, GET, HEAD, PATCH, POST, PUT, OPTIONS'], `${method}: Allow`)
+    const message = errorOf(first)?.message ?? ''
+    t.ok(message.startsWith(`${method} is `), `${method}: named (${message})`)
+    if (method === 'TRACE' || method === 'TRACK') t.match(message, /never forwarded: the upstream would echo the request back, signed token included/)
+    else t.match(message, /is not forwarded: the proxy forwards only the methods of the COS APIs/)
+  }
+  t.match(errorOf(await expectRefused(t, r, { name: 'get', bytes: `get /management/x HTTP/1.1\r\n${H}${C}\r\n`, status: 405, code: 'method_not_allowed' }))?.message, /case-sensitive/)
+  // Not a method at all (a TLS ClientHello on the plain port, a bare token): malformed, 400.
+  await expectRefused(t, r, { name: 'TLS ClientHello', bytes: Buffer.from('160301020001000100', 'hex'), status: 400, code: 'bad_request' })
+  await expectRefused(t, r, { name: 'token without a target', bytes: `FOO\r\n${H}\r\n`, status: 400, code: 'bad_request' })
 })
