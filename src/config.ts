@@ -126,7 +126,8 @@ export const VARIABLES = {
   COS_MAX_BODY_BYTES: { type: 'integer', default: 0, minimum: 0, maximum: Number.MAX_SAFE_INTEGER, expect: 'must be a whole number of bytes (0 = unlimited)' },
   COS_HEADERS_TIMEOUT_MS: { ...TIMEOUT, default: 10_000 },
   COS_REQUEST_TIMEOUT_MS: { type: 'integer', default: 300_000, minimum: 0, maximum: 2_147_483_647, expect: 'must be a whole number of milliseconds (0 = none)' },
-  COS_KEEPALIVE_TIMEOUT_MS: { ...TIMEOUT, default: 5_000 },
+  // Node arms the idle socket's timer 1000 ms later than this, and a timer must fit in 32 bits.
+  COS_KEEPALIVE_TIMEOUT_MS: { ...TIMEOUT, default: 5_000, maximum: 2_147_482_647, expect: 'must be a whole number of milliseconds 1-2147482647' },
   COS_MAX_CONNECTIONS: { type: 'integer', default: 1024, minimum: 1, maximum: 1_000_000, expect: 'must be a whole number of connections ≥ 1' },
 } as const satisfies Record<string, VarSpec>
 
@@ -223,6 +224,11 @@ function build (raw: Raw, needs: NonNullable<LoadOptions['needs']>): Config {
   if (routes.length === 0 && needs === 'all') {
     throw new ConfigError('COS_API_URL', 'or COS_MANAGEMENT_API_URL or COS_OPTIMIZE_API_URL is required: nothing to forward to')
   }
+  methodsNeedTheirRoute(raw)
+  if (raw.COS_REQUEST_TIMEOUT_MS !== 0 && raw.COS_REQUEST_TIMEOUT_MS < raw.COS_HEADERS_TIMEOUT_MS) {
+    // Node's HTTP server throws a RangeError for it at start-up.
+    throw new ConfigError('COS_REQUEST_TIMEOUT_MS', `must be 0 (no limit) or at least COS_HEADERS_TIMEOUT_MS (${raw.COS_HEADERS_TIMEOUT_MS}): the whole request cannot take less time than its headers (got ${raw.COS_REQUEST_TIMEOUT_MS})`)
+  }
   return {
     listen: { host, port: raw.COS_LISTEN_PORT },
     routes,
@@ -265,6 +271,21 @@ function withMethods (r: Route | undefined, variable: VariableName, list: string
     throw new ConfigError(variable, `must be a comma-separated list of ${PROXY_METHODS.join(', ')}${unknown === undefined ? '' : ` (got ${JSON.stringify(unknown)})`}`)
   }
   return { ...r, allowedMethods: [...new Set(methods)] }
+}
+
+const ROUTE_URLS = [
+  ['COS_MANAGEMENT_ALLOWED_METHODS', 'COS_MANAGEMENT_API_URL'],
+  ['COS_OPTIMIZE_ALLOWED_METHODS', 'COS_OPTIMIZE_API_URL'],
+  ['COS_API_ALLOWED_METHODS', 'COS_API_URL'],
+] as const
+
+/** A method list for a route that is not configured restricts nothing: its paths go to the catch-all with every method. */
+function methodsNeedTheirRoute (raw: Raw): void {
+  for (const [methods, url] of ROUTE_URLS) {
+    if (raw[methods] !== undefined && raw[url] === undefined) {
+      throw new ConfigError(methods, `is set but ${url} is not: the list would restrict no route`)
+    }
+  }
 }
 
 function cidrList (list: string): string[] {
