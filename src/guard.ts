@@ -105,12 +105,13 @@ const UNTRIMMED = /^\s+|[\s.]+$/g
 /**
  * A path segment as lenient servers compare it: without `;params` (Tomcat,
  * Jetty, Spring), case folded (IIS, ASP.NET routing, case-insensitive
- * routers), without surrounding whitespace or trailing dots (Windows). The
- * caller has already decoded and NFKC-normalised it (fullwidth `ｍ` is `m`,
- * the Kelvin sign is `K`).
+ * routers; through upper case, as Java's equalsIgnoreCase, so the dotless
+ * `ı` is `i`), without surrounding whitespace or trailing dots (Windows).
+ * The caller has already decoded and NFKC-normalised it (fullwidth `ｍ` is
+ * `m`, the Kelvin sign is `K`).
  */
 export function foldSegment (segment: string): string {
-  return withoutParams(segment).toLowerCase().replace(UNTRIMMED, '')
+  return withoutParams(segment).toUpperCase().toLowerCase().replace(UNTRIMMED, '')
 }
 
 /** A configured prefix as folded segments: `/Mgmt/v1` → ['mgmt', 'v1']. */

@@ -101,6 +101,8 @@ t.test('prefixLookalike: a catch-all path that imitates a route prefix is named;
   const fine = ['/managementx/clusters', '/manage/x', '/m', '/opt/v2/x', '/opt', '/opt/x', '/OPT', '/v1/management/x', '/optimize/x', '/metrics', '/', '/x;management', '/Managementx', '/mgmt/v1']
   for (const url of fine) t.equal(prefixLookalike(url, multi), undefined, url)
   t.equal(prefixLookalike('/MANAGEMENT/x', multi.filter(r => r.prefix === '')), undefined, 'no prefixed route, nothing to imitate')
+  t.equal(prefixLookalike('/opt%C4%B1mize/x', routes)?.prefix, '/optimize', 'a dotless ı folds to i through upper case (Java equalsIgnoreCase)')
+  t.equal(prefixLookalike('/%C5%BFomething/x', testConfig({ COS_MANAGEMENT_API_URL: 'https://m.example.com', COS_MANAGEMENT_PATH_PREFIX: '/something', COS_API_URL: 'https://a.example.com' }).routes)?.prefix, '/something', 'the long ſ is s')
 })
 
 t.test('required header: exact value, or any non-empty value when no value is configured; never twice', async t => {

@@ -56,7 +56,7 @@ function layerOf (res: RawResponse | undefined, headForwarded: boolean): string 
   if (message === 'malformed HTTP request' || message.startsWith('the request headers exceed') || message.includes('not received in time')) return 'node parser → clientErrorHandler'
   if (message.startsWith('CONNECT')) return 'server connect handler'
   if (message === 'source/request contain invalid characters') return '@fastify/http-proxy / reply-from destination check'
-  if (err.code === 'method_not_allowed' && message.includes('on this route')) return 'route preHandler (admit)'
+  if ((err.code === 'method_not_allowed' && message.includes('on this route')) || message.startsWith('the path only looks like')) return 'route onRequest (admit)'
   if (err.code === 'route_not_found') return 'fastify router → not-found handler'
   return `guard (onRequest): ${message}`
 }
