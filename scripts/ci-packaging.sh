@@ -9,7 +9,7 @@
 #                       @kubernetes-models/prometheus-operator instead); the same on
 #                       examples/sidecar-parent-chart (the sidecar templates in a Deployment,
 #                       native and plain) and its rendered/ files must be current; bad values
-#                       must be refused
+#                       must be refused; proxy.allowFrom must keep loopback in COS_ALLOW_FROM
 #   3. compose-config   docker-compose -f examples/compose.yaml config -q
 #   4. container-smoke  ../shared/tools/container-smoke.sh: podman build, then run the
 #                       image (--network host, --read-only, --cap-drop=ALL, credentials
@@ -207,6 +207,19 @@ helm_check() {
     fi
   done
   echo "   $n bad value sets checked"
+  echo "-- COS_ALLOW_FROM as rendered: loopback is always admitted (kubectl port-forward, the pod's own containers)"
+  local -a allow_cases=(
+    "10.1.0.0/16,127.0.0.0/8,::1/128|-f $M --set proxy.allowFrom={10.1.0.0/16}"
+    "127.0.0.0/8,fd00::/8,::1/128|-f $M --set proxy.allowFrom={127.0.0.0/8,fd00::/8}"
+    "|-f $C/ci/sidecar-values.yaml"
+  )
+  for line in "${allow_cases[@]}"; do
+    IFS='|' read -r want args <<<"$line"
+    # shellcheck disable=SC2086
+    got="$("$helm" template cos-ci "$C" --kube-version 1.29 $args | grep -A1 'name: COS_ALLOW_FROM$' | sed -nE 's/^ *value: "(.*)"$/\1/p' | sort -u)"
+    if [[ "$got" == "$want" ]]; then echo "   $args: COS_ALLOW_FROM=${got:-(unset, so the loopback default)}"
+    else echo "   FAIL: $args: COS_ALLOW_FROM=\"$got\", want \"$want\""; rc=1; fi
+  done
   for v in native plain; do
     { echo "# Generated: helm template demo $PARENT --kube-version 1.29 -f $PARENT/ci/$v-values.yaml"
       echo "# (scripts/ci-packaging.sh checks it is up to date). Apply with kubectl if you do not use Helm."

@@ -4,7 +4,7 @@ import { readFileSync } from 'node:fs'
 import { isIP, isIPv6 } from 'node:net'
 import { parseEnv } from 'node:util'
 import envSchema from 'env-schema'
-import { hostName } from './guard.js'
+import { foldedPrefix, foldSegment, hostName } from './guard.js'
 import { Secret } from './secret.js'
 import { TOKEN_ENCODINGS, type TokenEncoding } from './token.js'
 
@@ -138,7 +138,8 @@ export const VARIABLES = {
   COS_MAX_BODY_BYTES: { type: 'integer', default: 0, minimum: 0, maximum: Number.MAX_SAFE_INTEGER, expect: 'must be a whole number of bytes (0 = unlimited)' },
   COS_HEADERS_TIMEOUT_MS: { ...TIMEOUT, default: 10_000 },
   COS_REQUEST_TIMEOUT_MS: { type: 'integer', default: 300_000, minimum: 0, maximum: 2_147_483_647, expect: 'must be a whole number of milliseconds (0 = none)' },
-  COS_KEEPALIVE_TIMEOUT_MS: { ...TIMEOUT, default: 5_000 },
+  // Node arms the idle socket's timer 1000 ms later than this, and a timer must fit in 32 bits.
+  COS_KEEPALIVE_TIMEOUT_MS: { ...TIMEOUT, default: 5_000, maximum: 2_147_482_647, expect: 'must be a whole number of milliseconds 1-2147482647' },
   COS_MAX_CONNECTIONS: { type: 'integer', default: 1024, minimum: 1, maximum: 1_000_000, expect: 'must be a whole number of connections ≥ 1' },
 } as const satisfies Record<string, VarSpec>
 
@@ -225,7 +226,7 @@ function build (raw: Raw, needs: NonNullable<LoadOptions['needs']>): Config {
   if (management) routes.push(management)
   if (optimize) routes.push(optimize)
   if (management && optimize && overlaps(management.prefix, optimize.prefix)) {
-    throw new ConfigError('COS_OPTIMIZE_PATH_PREFIX', `must not overlap COS_MANAGEMENT_PATH_PREFIX (both claim ${JSON.stringify(optimize.prefix)})`)
+    throw new ConfigError('COS_OPTIMIZE_PATH_PREFIX', `must not overlap COS_MANAGEMENT_PATH_PREFIX, also ignoring case, ";params" and trailing dots (both claim ${JSON.stringify(optimize.prefix)})`)
   }
   if (api) routes.push(api)
   const admin = { host: hostname('COS_ADMIN_HOST', raw.COS_ADMIN_HOST ?? '127.0.0.1'), port: raw.COS_ADMIN_PORT, maxConnections: raw.COS_ADMIN_MAX_CONNECTIONS }
@@ -234,6 +235,11 @@ function build (raw: Raw, needs: NonNullable<LoadOptions['needs']>): Config {
   }
   if (routes.length === 0 && needs === 'all') {
     throw new ConfigError('COS_API_URL', 'or COS_MANAGEMENT_API_URL or COS_OPTIMIZE_API_URL is required: nothing to forward to')
+  }
+  methodsNeedTheirRoute(raw)
+  if (raw.COS_REQUEST_TIMEOUT_MS !== 0 && raw.COS_REQUEST_TIMEOUT_MS < raw.COS_HEADERS_TIMEOUT_MS) {
+    // Node's HTTP server throws a RangeError for it at start-up.
+    throw new ConfigError('COS_REQUEST_TIMEOUT_MS', `must be 0 (no limit) or at least COS_HEADERS_TIMEOUT_MS (${raw.COS_HEADERS_TIMEOUT_MS}): the whole request cannot take less time than its headers (got ${raw.COS_REQUEST_TIMEOUT_MS})`)
   }
   return {
     listen: { host, port: raw.COS_LISTEN_PORT },
@@ -313,6 +319,21 @@ function allowedHost (entry: string): string {
   return name
 }
 
+const ROUTE_URLS = [
+  ['COS_MANAGEMENT_ALLOWED_METHODS', 'COS_MANAGEMENT_API_URL'],
+  ['COS_OPTIMIZE_ALLOWED_METHODS', 'COS_OPTIMIZE_API_URL'],
+  ['COS_API_ALLOWED_METHODS', 'COS_API_URL'],
+] as const
+
+/** A method list for a route that is not configured restricts nothing: its paths go to the catch-all with every method. */
+function methodsNeedTheirRoute (raw: Raw): void {
+  for (const [methods, url] of ROUTE_URLS) {
+    if (raw[methods] !== undefined && raw[url] === undefined) {
+      throw new ConfigError(methods, `is set but ${url} is not: the list would restrict no route`)
+    }
+  }
+}
+
 function cidrList (list: string): string[] {
   const cidrs = list.split(',').map(c => c.trim()).filter(c => c !== '')
   if (cidrs.length === 0) throw new ConfigError('COS_ALLOW_FROM', 'must list at least one CIDR')
@@ -373,8 +394,10 @@ function withoutUserinfo (url: string): string {
   return url.includes('@') ? '<not shown: contains "@">' : url
 }
 
+/** One prefix's segments start the other's, compared as the lookalike check folds them (guard.ts prefixLookalike relies on it). */
 function overlaps (a: string, b: string): boolean {
-  return a === b || a.startsWith(b + '/') || b.startsWith(a + '/')
+  const [x, y] = [foldedPrefix(a), foldedPrefix(b)]
+  return x.every((s, i) => i >= y.length || s === y[i])
 }
 
 function route (name: RouteName, urlVar: VariableName, url: string | undefined, prefixVar: VariableName | undefined, prefix: string | undefined): Route | undefined {
@@ -400,6 +423,9 @@ function route (name: RouteName, urlVar: VariableName, url: string | undefined, 
       throw new ConfigError(prefixVar, `must be a path like /${name}: segments of URL-safe characters, no wildcards, not "/" (got ${JSON.stringify(p)})`)
     }
     if (p.endsWith('/')) p = p.slice(0, -1)
+    if (p.split('/').slice(1).some(segment => foldSegment(segment) === '')) {
+      throw new ConfigError(prefixVar, `must not have a segment of only dots or ";params" (got ${JSON.stringify(prefix)})`)
+    }
   }
   return {
     name,

@@ -9,10 +9,11 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import './reply-from-patch.js'
 import httpProxy from '@fastify/http-proxy'
 import type { FastifyReplyFromHooks } from '@fastify/reply-from'
-import type { Route, RouteName } from './config.js'
+import { PROXY_METHODS, type Route, type RouteName } from './config.js'
 import type { CredentialStore } from './credentials.js'
 import { errorCodes, hasErrorCode } from './error-codes.js'
 import { sendError } from './errors.js'
+import { prefixLookalike } from './guard.js'
 import { failResponse, responseFailure } from './response.js'
 import type { Upstreams } from './upstream.js'
 
@@ -106,16 +107,26 @@ class BodyLimit extends Transform {
   }
 }
 
-// Headers some frameworks honour to change the method: on a route limited to
-// some methods they must not name another.
-const METHOD_OVERRIDES = ['x-http-method-override', 'x-http-method', 'x-method-override'] as const
+// Headers some frameworks and gateways honour to change the method (Express
+// method-override, Symfony, ASP.NET, Google's and Azure's gateways, IIS URL
+// Rewrite). They must not name a method the route refuses, nor, on a route
+// with no list, one the proxy never forwards (TRACE would echo the token).
+// They are refused rather than stripped: dropping one would run the request
+// as another method than its sender meant (a POST instead of a DELETE).
+const METHOD_OVERRIDES = ['x-http-method-override', 'x-http-method', 'x-method-override', 'x-original-method', 'x-original-http-method', 'x-rewrite-method', 'x-method'] as const
+const NAMEABLE = /^[A-Za-z-]{1,24}$/
 
-function overridesMethod (headers: IncomingHttpHeaders, allowed: readonly string[]): boolean {
+/** Why an override header asks for a method the route refuses, or undefined when none does. */
+function overrideProblem (headers: IncomingHttpHeaders, allowed: readonly string[]): string | undefined {
   for (const name of METHOD_OVERRIDES) {
     const value = headers[name]
-    if (value !== undefined && (typeof value !== 'string' || !allowed.includes(value.trim().toUpperCase()))) return true
+    if (value === undefined) continue
+    const method = typeof value === 'string' ? value.trim().toUpperCase() : ''
+    if (!allowed.includes(method)) {
+      return `the ${name} header asks for ${NAMEABLE.test(method) ? method : 'another method'}, which is not allowed on this route`
+    }
   }
-  return false
+  return undefined
 }
 
 interface AttemptRequest { method: string, headers: IncomingHttpHeaders, body: unknown }
@@ -283,11 +294,20 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
 
   // onRequest, so a refusal comes before any body is read. Callback style:
   // replying without calling done() ends the request here.
+  const prefixed = opts.routes.filter(r => r.prefix !== '')
   function admit (request: FastifyRequest, reply: FastifyReply, done: () => void): void {
-    const allowed = request.routeOptions.config.allowedMethods
-    if (allowed !== undefined && (!allowed.includes(request.method) || overridesMethod(request.headers, allowed))) {
+    const { routeName, allowedMethods } = request.routeOptions.config
+    // Only the catch-all can get a path dressed up as a prefix: the router sends the real ones to their routes.
+    const imitated = routeName === 'api' ? prefixLookalike(request.url, prefixed) : undefined
+    if (imitated !== undefined) {
+      sendError(reply, 400, 'bad_request', `the path only looks like the ${imitated.prefix} prefix (case, ";", a trailing dot or space, encoding): send it as ${imitated.prefix}/…`)
+      return
+    }
+    const allowed = allowedMethods ?? PROXY_METHODS
+    const problem = allowed.includes(request.method) ? overrideProblem(request.headers, allowed) : `${request.method} is not allowed on this route`
+    if (problem !== undefined) {
       reply.header('allow', allowed.join(', '))
-      sendError(reply, 405, 'method_not_allowed', `${request.method} is not allowed on this route`)
+      sendError(reply, 405, 'method_not_allowed', problem)
       return
     }
     if (credentials.current === undefined) {

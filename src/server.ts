@@ -1,7 +1,7 @@
 // Wiring and lifecycle: config → credentials, upstreams, metrics, proxy and
 // admin listeners, and the drain on SIGTERM / SIGINT / POST /quitquitquit.
 import { randomUUID } from 'node:crypto'
-import type { IncomingMessage } from 'node:http'
+import type { IncomingMessage, ServerResponse } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import type { Duplex } from 'node:stream'
 import { performance } from 'node:perf_hooks'
@@ -46,39 +46,126 @@ const CLIENT_ERRORS: Readonly<Record<string, readonly [number, string, string]>>
   ERR_HTTP_HEADERS_TIMEOUT: [408, 'request_timeout', 'the request headers were not received in time'],
 }
 
-function writeRawError (socket: Duplex, status: number, code: string, message: string): void {
+function writeRawError (socket: Duplex, status: number, code: string, message: string, headers = ''): void {
   if (socket.writable) {
     const body = JSON.stringify({ error: { code, message } })
-    socket.write(`HTTP/1.1 ${status} ${STATUS_CODES_TEXT[status] ?? 'Error'}\r\ncontent-type: application/json; charset=utf-8\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`)
+    socket.write(`HTTP/1.1 ${status} ${STATUS_CODES_TEXT[status] ?? 'Error'}\r\ncontent-type: application/json; charset=utf-8\r\ncontent-length: ${Buffer.byteLength(body)}\r\n${headers}connection: close\r\n\r\n${body}`)
   }
   socket.destroy()
 }
 
-const STATUS_CODES_TEXT: Readonly<Record<number, string>> = { 400: 'Bad Request', 408: 'Request Timeout', 431: 'Request Header Fields Too Large' }
+const STATUS_CODES_TEXT: Readonly<Record<number, string>> = { 400: 'Bad Request', 405: 'Method Not Allowed', 408: 'Request Timeout', 431: 'Request Header Fields Too Large' }
 
-/** Whether an error written now would be misread (see rejectMalformed). */
-function answerUnderWay (socket: Duplex): boolean {
-  const pending = (socket as WithPendingResponse<Duplex>)._httpMessage
-  return pending != null && (pending.headersSent || pending.req.complete)
+/**
+ * Connections on which nothing more is forwarded: a request on them was
+ * refused (the refusal says `connection: close`), could not be parsed, or
+ * was CONNECT. Node parses ahead and hands over every request it finds
+ * while earlier answers are still pending, queueing their responses; the
+ * ones behind a refusal would run upstream (a POST nobody receives the
+ * answer to, so a retry duplicates it) and their answers never be written.
+ * The value: the responses dropped so far (see droppedBehindRefusal).
+ */
+const condemned = new WeakMap<Duplex, ServerResponse[]>()
+
+// A client that pipelines this many requests behind a refused one is cut
+// off: each dropped request is held until the connection closes.
+const MAX_DROPPED = 100
+
+/** Marks the connection; false when it already was. */
+function condemn (socket: Duplex): boolean {
+  if (condemned.has(socket)) return false
+  const dropped: ServerResponse[] = []
+  condemned.set(socket, dropped)
+  // Node closes only the response that holds the socket: the dropped ones
+  // are closed with the connection, which writes their log lines and
+  // settles the in-flight gauge.
+  socket.once('close', () => { for (const res of dropped) res.emit('close') })
+  return true
 }
 
 /**
- * Requests Node's parser rejects (bad framing, oversized headers, slow
- * senders) get the JSON error shape too, unless it would be misread: when
- * the response to an earlier request on the connection has started, or that
- * request was complete and the error is about the next one pipelined behind
- * it, a 400 written now would land inside that response or be taken as its
- * answer. Then the connection is only closed. (`_httpMessage` is the
- * response Node's own handler checks.)
+ * Drops a request parsed behind the refusal that closes its connection:
+ * not forwarded and not answered (its answer would queue behind the
+ * refusal, and the connection closes once that is written). Logged as 400.
+ * False when the connection is not condemned.
  */
-function rejectMalformed (err: Error & { code?: string }, socket: Duplex): void {
-  if (err.code === 'ECONNRESET' || socket.destroyed) return
-  if (answerUnderWay(socket)) {
-    socket.destroy()
+function droppedBehindRefusal (reply: FastifyReply): boolean {
+  const socket = reply.request.raw.socket
+  const dropped = condemned.get(socket)
+  if (dropped === undefined) return false
+  reply.code(400)
+  reply.hijack()
+  const res = reply.raw
+  // Holding the socket means nothing is queued ahead: the refusal is out, only the close is left.
+  if (res.socket !== null || dropped.push(res) > MAX_DROPPED) socket.destroy()
+  return true
+}
+
+/**
+ * Runs `answer` (which writes and closes) once the responses owed to the
+ * requests before the faulty one on this connection are written, so those
+ * arrive whole and in order and the error comes last. When the response in
+ * progress answers the very request at fault (an error in its body) it is
+ * answered now, or, if that response has begun, the connection is only
+ * closed: an error written into it would be misread.
+ */
+function afterOwedResponses (socket: Duplex, answer: () => void): void {
+  const pending = (socket as WithPendingResponse<Duplex>)._httpMessage
+  if (pending == null) answer()
+  else if (pending.req.complete) pending.once('finish', () => { afterOwedResponses(socket, answer) })
+  else if (pending.headersSent) socket.destroy()
+  else answer()
+}
+
+type ParseError = Error & { code?: string, rawPacket?: unknown, bytesParsed?: unknown }
+
+function isTokenByte (b: number | undefined): boolean {
+  return b !== undefined && b > 0x20 && b < 0x7f && !'"(),/:;<=>?@[\\]{}'.includes(String.fromCharCode(b))
+}
+
+/**
+ * The method Node's parser did not know (`FOO /x HTTP/1.1`), read around the
+ * byte it stopped at; undefined when no method-like token followed by a space
+ * is there (then the request is plain garbage, 400). The name itself is
+ * given only when it starts a line: a method cut in two by a TCP segment
+ * boundary would be misnamed.
+ */
+function unknownMethod (err: ParseError): string | undefined {
+  const packet = err.rawPacket
+  const at = err.bytesParsed
+  if (!Buffer.isBuffer(packet) || typeof at !== 'number') return undefined
+  let start = at
+  // Backwards over what the parser took for the start of a known method (PROPFOO: PROP…).
+  while (start > 0 && /[A-Z_-]/.test(String.fromCharCode(packet[start - 1] ?? 0))) start--
+  let end = at
+  while (end < packet.length && end - start <= 32 && isTokenByte(packet[end])) end++
+  if (end === start || end - start > 32 || packet[end] !== 0x20) return undefined
+  return start === 0 || packet[start - 1] === 0x0a ? packet.toString('latin1', start, end) : 'this method'
+}
+
+/** Why `method` is refused before routing, naming it. */
+function notForwarded (method: string): string {
+  if (method === 'TRACE' || method === 'TRACK') return `${method} is never forwarded: the upstream would echo the request back, signed token included`
+  const caseHint = FORWARDED_METHODS.has(method.toUpperCase()) ? ' (methods are case-sensitive)' : ''
+  return `${method} is not forwarded: the proxy forwards only the methods of the COS APIs (${ALLOW})${caseHint}`
+}
+
+/**
+ * Requests Node's parser rejects (bad framing, unknown methods, oversized
+ * headers, slow senders) get the JSON error shape too, after the answers
+ * owed to earlier requests on the connection (see afterOwedResponses).
+ * Once a connection is condemned, later errors on it (more garbage, a
+ * timeout while an earlier answer is pending) add nothing.
+ */
+function rejectMalformed (err: ParseError, socket: Duplex): void {
+  if (err.code === 'ECONNRESET' || socket.destroyed || !condemn(socket)) return
+  const method = err.code === 'HPE_INVALID_METHOD' ? unknownMethod(err) : undefined
+  if (method !== undefined) {
+    afterOwedResponses(socket, () => { writeRawError(socket, 405, 'method_not_allowed', notForwarded(method), `allow: ${ALLOW}\r\n`) })
     return
   }
   const [status, code, message] = CLIENT_ERRORS[err.code ?? ''] ?? [400, 'bad_request', 'malformed HTTP request']
-  writeRawError(socket, status, code, message)
+  afterOwedResponses(socket, () => { writeRawError(socket, status, code, message) })
 }
 
 type Refusal = readonly [status: number, code: string, message: string]
@@ -129,7 +216,7 @@ function requestGuard (config: Config): (raw: IncomingMessage) => Refusal | unde
     if (headerBytes > MAX_HEADER_BYTES || rawHeaders.length >= MAX_RAW_HEADER_ENTRIES) {
       return [431, 'request_header_fields_too_large', 'the request headers exceed 16 KiB']
     }
-    if (!FORWARDED_METHODS.has(raw.method ?? '')) return [405, 'method_not_allowed', `${raw.method ?? ''} is not forwarded (TRACE could echo the token back)`]
+    if (!FORWARDED_METHODS.has(raw.method ?? '')) return [405, 'method_not_allowed', notForwarded(raw.method ?? '')]
     if (raw.headers.upgrade !== undefined && WEBSOCKET_UPGRADE.test(raw.headers.upgrade)) return [405, 'method_not_allowed', 'WebSocket upgrades are not supported']
     const problem = targetProblem(raw.url ?? '', config.routes)
     if (problem !== undefined) return [400, 'bad_request', problem]
@@ -186,6 +273,7 @@ export async function buildProxyServer (opts: ProxyServerOptions): Promise<Fasti
     // it through the same checks (the source comes first) and error shape.
     frameworkErrors: (error, request, reply) => {
       reply.header('x-request-id', request.id)
+      if (droppedBehindRefusal(reply)) return
       refuse(reply, guard(request.raw) ?? [400, 'bad_request', error.code === 'FST_ERR_BAD_URL' ? 'malformed percent-encoding in path' : 'malformed request'])
     },
     loggerInstance: opts.logger,
@@ -214,8 +302,10 @@ export async function buildProxyServer (opts: ProxyServerOptions): Promise<Fasti
   // CONNECT is handed to a 'connect' listener before routing; with none, Node
   // would drop the socket without an answer.
   app.server.on('connect', (_req: IncomingMessage, socket: Duplex) => {
-    if (answerUnderWay(socket)) socket.destroy()
-    else writeRawError(socket, 400, 'bad_request', 'CONNECT is not supported: this is not a forward proxy')
+    // Node has detached its HTTP handling from the socket, including the
+    // relay that tells a response still being written that the socket drained.
+    socket.on('drain', () => { (socket as WithPendingResponse<Duplex>)._httpMessage?.emit('drain') })
+    if (condemn(socket)) afterOwedResponses(socket, () => { writeRawError(socket, 400, 'bad_request', 'CONNECT is not supported: this is not a forward proxy') })
   })
   // Declared up front so every request object has the same shape.
   app.decorateRequest('upstreamStart', 0)
@@ -226,13 +316,16 @@ export async function buildProxyServer (opts: ProxyServerOptions): Promise<Fasti
 
   // Refused before the body is read: close the connection rather than have
   // Node read (and discard) a body nobody wants to keep the socket alive.
+  // What was pipelined behind it is dropped (see condemned).
   const refuse = (reply: FastifyReply, [status, code, message]: Refusal): void => {
+    condemn(reply.request.raw.socket)
     reply.header('connection', 'close')
     if (status === 405) reply.header('allow', ALLOW)
     sendError(reply, status, code, message)
   }
   app.addHook('onRequest', (request, reply, done) => {
     reply.header('x-request-id', request.id)
+    if (droppedBehindRefusal(reply)) return
     const refusal = guard(request.raw)
     if (refusal === undefined) done()
     else refuse(reply, refusal)

@@ -127,6 +127,8 @@ t.test('a bad config exits 78 with one line naming the variable', async t => {
     [['serve'], { ...CREDS, COS_API_URL: 'http://127.0.0.1:1', COS_CA_FILE: '/nonexistent/ca.pem' }, /COS_CA_FILE cannot read/],
     [['config'], { ...CREDS, COS_API_URL: 'http://127.0.0.1:1', COS_TOKEN_ENCODING: 'hex' }, /COS_TOKEN_ENCODING/],
     [['token'], { COS_ACCESS_KEY_SECRET: SECRET }, /COS_ACCESS_KEY_FILE/],
+    // Contradictory timeouts: Node's RangeError (exit 1) before the check at load.
+    [['serve'], { ...CREDS, COS_API_URL: 'http://127.0.0.1:1', COS_REQUEST_TIMEOUT_MS: '5000' }, /^cos-auth-proxy: config: COS_REQUEST_TIMEOUT_MS .*COS_HEADERS_TIMEOUT_MS/],
   ]
   for (const [args, env, variable] of cases) {
     const r = await run(args, env)

@@ -98,6 +98,10 @@ t.test('each bad value exits with a line naming the variable', async t => {
     [{ ...base, COS_HEADERS_TIMEOUT_MS: 'soon' }, 'COS_HEADERS_TIMEOUT_MS', /milliseconds/],
     [{ ...base, COS_ADMIN_PORT: '8080' }, 'COS_ADMIN_PORT', /differ from COS_LISTEN_PORT/],
     [{ ...base, COS_CLIENT_CERT_FILE: '/c.pem' }, 'COS_CLIENT_KEY_FILE', /other half/],
+    [{ ...base, COS_MANAGEMENT_API_URL: 'https://m.example.com', COS_OPTIMIZE_API_URL: 'https://o.example.com', COS_OPTIMIZE_PATH_PREFIX: '/Management' }, 'COS_OPTIMIZE_PATH_PREFIX', /overlap COS_MANAGEMENT_PATH_PREFIX, also ignoring case/],
+    [{ ...base, COS_MANAGEMENT_API_URL: 'https://m.example.com', COS_MANAGEMENT_PATH_PREFIX: '/a', COS_OPTIMIZE_API_URL: 'https://o.example.com', COS_OPTIMIZE_PATH_PREFIX: '/a;v2/x' }, 'COS_OPTIMIZE_PATH_PREFIX', /overlap/],
+    [{ ...base, COS_OPTIMIZE_API_URL: 'https://o.example.com', COS_OPTIMIZE_PATH_PREFIX: '/..' }, 'COS_OPTIMIZE_PATH_PREFIX', /only dots or ";params"/],
+    [{ ...base, COS_OPTIMIZE_API_URL: 'https://o.example.com', COS_OPTIMIZE_PATH_PREFIX: '/opt/;v1' }, 'COS_OPTIMIZE_PATH_PREFIX', /only dots or ";params"/],
   ]
   for (const [env, variable, problem] of cases) {
     const err = errorOf(env)
@@ -107,6 +111,32 @@ t.test('each bad value exits with a line naming the variable', async t => {
     t.notOk(err.message.includes('\n'), 'one line')
     t.notOk(err.message.includes(SECRET), 'no secret')
   }
+})
+
+t.test('settings that contradict each other stop at load with one line naming both variables', async t => {
+  const cases: [Record<string, string>, string, RegExp][] = [
+    // Node's HTTP server would throw a RangeError at start-up (headersTimeout must be <= requestTimeout).
+    [{ ...base, COS_REQUEST_TIMEOUT_MS: '5000' }, 'COS_REQUEST_TIMEOUT_MS', /at least COS_HEADERS_TIMEOUT_MS \(10000\).*\(got 5000\)/],
+    [{ ...base, COS_REQUEST_TIMEOUT_MS: '1000', COS_HEADERS_TIMEOUT_MS: '1001' }, 'COS_REQUEST_TIMEOUT_MS', /at least COS_HEADERS_TIMEOUT_MS \(1001\)/],
+    // A method list for a route that does not exist would restrict nothing: those paths go to the catch-all.
+    [{ ...base, COS_MANAGEMENT_ALLOWED_METHODS: 'GET,HEAD' }, 'COS_MANAGEMENT_ALLOWED_METHODS', /is set but COS_MANAGEMENT_API_URL is not/],
+    [{ ...base, COS_OPTIMIZE_ALLOWED_METHODS: 'POST' }, 'COS_OPTIMIZE_ALLOWED_METHODS', /is set but COS_OPTIMIZE_API_URL is not/],
+    [{ COS_ACCESS_KEY: 'ak', COS_ACCESS_KEY_SECRET: SECRET, COS_MANAGEMENT_API_URL: 'https://m.example.com', COS_API_ALLOWED_METHODS: 'GET' }, 'COS_API_ALLOWED_METHODS', /is set but COS_API_URL is not/],
+    // Node arms the keep-alive timer 1000 ms past this value; beyond 2^31-1 ms the timer is cut short.
+    [{ ...base, COS_KEEPALIVE_TIMEOUT_MS: '2147482648' }, 'COS_KEEPALIVE_TIMEOUT_MS', /1-2147482647/],
+  ]
+  for (const [env, variable, problem] of cases) {
+    const err = errorOf(env)
+    t.equal(err.variable, variable, err.message)
+    t.ok(err.message.startsWith(variable + ' '), 'the line starts with the variable')
+    t.match(err.message, problem)
+    t.notOk(err.message.includes('\n'), 'one line')
+  }
+  // What Node accepts: equal timeouts, and a request timeout of 0 (none) with any headers timeout.
+  t.equal(load({ ...base, COS_REQUEST_TIMEOUT_MS: '10000' }).client.requestTimeoutMs, 10000)
+  t.equal(load({ ...base, COS_REQUEST_TIMEOUT_MS: '0', COS_HEADERS_TIMEOUT_MS: '600000' }).client.requestTimeoutMs, 0)
+  t.equal(load({ ...base, COS_KEEPALIVE_TIMEOUT_MS: '2147482647' }).client.keepAliveTimeoutMs, 2147482647)
+  t.same(load({ ...base, COS_MANAGEMENT_API_URL: 'https://m.example.com', COS_MANAGEMENT_ALLOWED_METHODS: 'GET' }).routes[0]?.allowedMethods, ['GET'])
 })
 
 t.test('a secret that fails validation is not echoed', async t => {

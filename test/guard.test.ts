@@ -1,6 +1,6 @@
 // The guard's pure decisions; the attacks through a real proxy are in test/security/.
 import t from 'tap'
-import { allowList, browserPolicy, fromWebPage, hasRequiredHeader, hostName, hostProblem, isLoopbackAddress, isLoopbackName, originProblem, peerAllowed, routeFor, targetProblem } from '../src/guard.js'
+import { allowList, browserPolicy, fromWebPage, hasRequiredHeader, hostName, hostProblem, isLoopbackAddress, isLoopbackName, originProblem, peerAllowed, prefixLookalike, routeFor, targetProblem } from '../src/guard.js'
 import { testConfig } from './helpers.js'
 
 const { routes } = testConfig({ COS_OPTIMIZE_API_URL: 'https://o.example.com', COS_MANAGEMENT_API_URL: 'https://m.example.com', COS_API_URL: 'https://a.example.com' })
@@ -59,6 +59,50 @@ t.test('targetProblem accepts ordinary paths and refuses every escape', async t 
     ['/optimize%2fworkloads', /change the route/],
   ]
   for (const [url, problem] of refused) t.match(targetProblem(url, routes), problem, url)
+})
+
+t.test('dot-segments are refused also as servers that drop ";params" or trailing spaces read them', async t => {
+  for (const url of ['/a/..;/management/x', '/a/..;x/b', '/a/.;/b', '/a/..%3B/b', '/a/%2e%2e;/b', '/a/..%20/b', '/a/..%09/b', '/a/.;b.c']) t.match(targetProblem(url, routes), /dot-segment/, url)
+  for (const url of ['/a/...', '/a/.well-known/x', '/a/..b', '/a/.b;c']) t.equal(targetProblem(url, routes), undefined, url)
+})
+
+t.test('prefixLookalike: a catch-all path that imitates a route prefix is named; paths merely sharing letters are not', async t => {
+  const multi = testConfig({ COS_MANAGEMENT_API_URL: 'https://m.example.com', COS_OPTIMIZE_API_URL: 'https://o.example.com', COS_OPTIMIZE_PATH_PREFIX: '/opt/v1', COS_API_URL: 'https://a.example.com' }).routes
+  const lookalikes: [string, string][] = [
+    ['/management;x/clusters', '/management'],
+    ['/management%3Bx/clusters', '/management'],
+    ['/management%3b', '/management'],
+    ['/MANAGEMENT/clusters', '/management'],
+    ['/Management', '/management'],
+    ['/Management?x=1', '/management'],
+    ['/%4Danagement/clusters', '/management'],
+    ['/%4danagement/clusters', '/management'],
+    ['/management./clusters', '/management'],
+    ['/management%2e/clusters', '/management'],
+    ['/management%20/clusters', '/management'],
+    ['/management%09/clusters', '/management'],
+    ['/management.%20./clusters', '/management'],
+    ['/%20management/clusters', '/management'],
+    ['/management%C2%A0/clusters', '/management'],
+    ['//management/clusters', '/management'],
+    ['/;x/management/clusters', '/management'],
+    ['/%EF%BD%8Danagement/clusters', '/management'], // fullwidth ｍ
+    ['/%254Danagement/clusters', '/management'], // decoded twice by a lenient upstream
+    ['/opt/V1/x', '/opt/v1'],
+    ['/OPT/v1', '/opt/v1'],
+    ['/opt;a/v1/x', '/opt/v1'],
+    ['/opt//v1/x', '/opt/v1'],
+    ['/opt/v1;x/y', '/opt/v1'],
+    ['/opt/v1./y', '/opt/v1'],
+    ['/opt%2FV1/y', '/opt/v1'],
+  ]
+  for (const [url, prefix] of lookalikes) t.equal(prefixLookalike(url, multi)?.prefix, prefix, `${url} imitates ${prefix}`)
+  // Paths the router sends to the catch-all that only share letters (it sends /management/… and /%6Danagement/… to their route).
+  const fine = ['/managementx/clusters', '/manage/x', '/m', '/opt/v2/x', '/opt', '/opt/x', '/OPT', '/v1/management/x', '/optimize/x', '/metrics', '/', '/x;management', '/Managementx', '/mgmt/v1']
+  for (const url of fine) t.equal(prefixLookalike(url, multi), undefined, url)
+  t.equal(prefixLookalike('/MANAGEMENT/x', multi.filter(r => r.prefix === '')), undefined, 'no prefixed route, nothing to imitate')
+  t.equal(prefixLookalike('/opt%C4%B1mize/x', routes)?.prefix, '/optimize', 'a dotless ı folds to i through upper case (Java equalsIgnoreCase)')
+  t.equal(prefixLookalike('/%C5%BFomething/x', testConfig({ COS_MANAGEMENT_API_URL: 'https://m.example.com', COS_MANAGEMENT_PATH_PREFIX: '/something', COS_API_URL: 'https://a.example.com' }).routes)?.prefix, '/something', 'the long ſ is s')
 })
 
 t.test('required header: exact value, or any non-empty value when no value is configured; never twice', async t => {

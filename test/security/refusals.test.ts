@@ -2,9 +2,11 @@
 // status and JSON error code, that no upstream saw anything, and that the
 // proxy keeps serving afterwards. `layer` records which part of the stack
 // answered (documentation for the report; only the contract is asserted).
+import { METHODS } from 'node:http'
 import { createServer } from 'node:net'
 import t, { type Test } from 'tap'
-import { listenOnLoopback, send, startProxy, type RunningProxy } from '../helpers.js'
+import { PROXY_METHODS } from '../../src/config.js'
+import { json, listenOnLoopback, send, startProxy, type RunningProxy } from '../helpers.js'
 import { errorOf, get, headerNames, rawRequest, startCountingUpstream, type CountingUpstream, type RawOptions, type RawResponse } from './raw.js'
 
 interface Rig {
@@ -54,7 +56,7 @@ function layerOf (res: RawResponse | undefined, headForwarded: boolean): string 
   if (message === 'malformed HTTP request' || message.startsWith('the request headers exceed') || message.includes('not received in time')) return 'node parser → clientErrorHandler'
   if (message.startsWith('CONNECT')) return 'server connect handler'
   if (message === 'source/request contain invalid characters') return '@fastify/http-proxy / reply-from destination check'
-  if (err.code === 'method_not_allowed' && message.includes('on this route')) return 'route preHandler (admit)'
+  if ((err.code === 'method_not_allowed' && message.includes('on this route')) || message.startsWith('the path only looks like')) return 'route onRequest (admit)'
   if (err.code === 'route_not_found') return 'fastify router → not-found handler'
   return `guard (onRequest): ${message}`
 }
@@ -77,7 +79,7 @@ interface Refusal {
   readonly layer?: string
 }
 
-async function expectRefused (t: Test, r: Rig, c: Refusal): Promise<void> {
+async function expectRefused (t: Test, r: Rig, c: Refusal): Promise<RawResponse | undefined> {
   const seen = r.seen()
   const completed = r.completed()
   const res = await rawRequest(r.proxy.port, typeof c.bytes === 'string' ? Buffer.from(c.bytes, 'latin1') : c.bytes, { timeoutMs: 2500, settleMs: 100, ...c.opts })
@@ -96,6 +98,7 @@ async function expectRefused (t: Test, r: Rig, c: Refusal): Promise<void> {
   if (c.headMayPass === true) t.equal(r.completed() - completed, 0, `${c.name}: no upstream received a complete request`)
   else t.equal(r.seen() - seen, 0, `${c.name}: nothing reached any upstream`)
   await healthy(t, r, c.name)
+  return first
 }
 
 const H = 'Host: 127.0.0.1\r\n'
@@ -177,6 +180,11 @@ t.test('paths with dot-segments, backslashes, NUL, double encoding → 400, noth
     '/management/a%255cb',
     '/management/a%2500b',
     '/management/x#frag',
+    '/optimize/..;/management/x',
+    '/optimize/a/..;x/..;y/management/x',
+    '/optimize/.;/x',
+    '/optimize/..%3B/management/x',
+    '/optimize/..%20/management/x',
   ]
   for (const path of paths) await expectRefused(t, r, { name: `path ${path}`, bytes: get(path), status: 400, code: 'bad_request' })
 })
@@ -241,7 +249,6 @@ t.test('ambiguous framing and malformed header lines → 400, nothing forwarded'
     ['bare LF line endings', 'POST /management/x HTTP/1.1\nHost: a\nContent-Length: 0\n\n'],
     ['tab inside the request target', `GET /management/a\tb HTTP/1.1\r\n${H}${C}\r\n`],
     ['raw non-ASCII bytes in the request target', `GET /management/\xc3\xa9\xff HTTP/1.1\r\n${H}${C}\r\n`],
-    ['lower-case method', `get /management/x HTTP/1.1\r\n${H}${C}\r\n`],
   ]
   for (const [name, bytes] of cases) await expectRefused(t, r, { name, bytes, status: 400, code: 'bad_request' })
   // HTTP/1.1 without Host: Node's server answers 400 itself (not through the proxy).
@@ -400,13 +407,87 @@ t.test('layers that answered (for the report)', async t => {
   t.pass('recorded')
 })
 
+const OVERRIDES = ['X-HTTP-Method-Override', 'X-HTTP-Method', 'X-Method-Override', 'X-Original-Method', 'X-Original-HTTP-Method', 'X-Rewrite-Method', 'X-Method']
+
 t.test('a method-override header cannot bypass COS_*_ALLOWED_METHODS', async t => {
   const r = await rig(t, { COS_MANAGEMENT_ALLOWED_METHODS: 'GET,HEAD' })
-  for (const name of ['X-HTTP-Method-Override', 'X-HTTP-Method', 'X-Method-Override']) {
-    const res = await send(`${r.proxy.url}/management/x`, { headers: { [name]: 'DELETE' } })
-    t.equal(res.status, 405, name)
-    t.match(res.body.toString(), /"code":"method_not_allowed"/)
+  for (const name of OVERRIDES) {
+    for (const value of ['DELETE', ' delete ', 'GET, DELETE']) {
+      const res = await send(`${r.proxy.url}/management/x`, { headers: { [name]: value } })
+      t.equal(res.status, 405, `${name}: ${value}`)
+      t.equal(res.headers.allow, 'GET, HEAD', 'Allow lists the route\'s methods')
+      const message = (json(res) as { error: { code: string, message: string } }).error.message
+      // It says the header is the cause: the request's own method (GET) is allowed.
+      t.match(message, new RegExp(`^the ${name.toLowerCase()} header asks for (DELETE|another method), which is not allowed on this route$`), message)
+    }
   }
   t.equal((await send(`${r.proxy.url}/management/x`, { headers: { 'X-HTTP-Method-Override': 'GET' } })).status, 200, 'naming an allowed method is fine')
+  t.equal((await send(`${r.proxy.url}/management/x`, { method: 'DELETE' })).headers.allow, 'GET, HEAD')
+  t.match((json(await send(`${r.proxy.url}/management/x`, { method: 'DELETE' })) as { error: { message: string } }).error.message, /^DELETE is not allowed on this route$/)
   t.equal(r.completed(), 1, 'only the allowed one was forwarded')
+})
+
+t.test('a method-override header cannot turn a request into TRACE or another method the proxy never forwards, on any route', async t => {
+  const r = await rig(t) // no method lists
+  for (const name of OVERRIDES) {
+    for (const value of ['TRACE', 'CONNECT', 'PROPFIND', 'TRACK']) {
+      const res = await send(`${r.proxy.url}/other/x`, { method: 'POST', headers: { [name]: value }, body: 'hi' })
+      t.equal(res.status, 405, `${name}: ${value}`)
+      t.equal(res.headers.allow, 'DELETE, GET, HEAD, PATCH, POST, PUT, OPTIONS')
+      t.match(res.body.toString(), new RegExp(`the ${name.toLowerCase()} header asks for ${value}`))
+    }
+  }
+  t.equal(r.seen(), 0, 'none was forwarded')
+  // Naming a method the route forwards anyway gains nothing: passed on as sent.
+  const ok = await send(`${r.proxy.url}/other/x`, { method: 'POST', headers: { 'X-HTTP-Method-Override': 'PATCH' }, body: 'hi' })
+  t.equal(ok.status, 200)
+  t.equal(r.api.received[0]?.headers['x-http-method-override'], 'PATCH', 'forwarded unchanged')
+})
+
+t.test('a path that only looks like a route prefix cannot reach the catch-all past COS_*_ALLOWED_METHODS', async t => {
+  const r = await rig(t, { COS_MANAGEMENT_ALLOWED_METHODS: 'GET,HEAD', COS_OPTIMIZE_PATH_PREFIX: '/opt/v1', COS_OPTIMIZE_ALLOWED_METHODS: 'GET' })
+  const lookalikes = [
+    '/management;x/clusters', '/management%3Bx/clusters', '/MANAGEMENT/clusters', '/%4Danagement/clusters', '/management./clusters',
+    '/management%20/clusters', '/management%2E/clusters', '/management%09/clusters', '/management%2e%2e/clusters', '//management/clusters',
+    '/;x/management/clusters', '/%EF%BD%8Danagement/clusters', '/%254Danagement/clusters',
+    '/opt/V1/x', '/OPT/v1/x', '/opt;x/v1/x', '/opt//v1/x', '/opt/v1;x/y', '/opt/v1./y',
+  ]
+  for (const path of lookalikes) {
+    const first = await expectRefused(t, r, { name: `DELETE ${path}`, bytes: `DELETE ${path} HTTP/1.1\r\n${H}${C}\r\n`, status: 400, code: 'bad_request' })
+    t.match(errorOf(first)?.message, /only looks like the \/(management|opt\/v1) prefix/, `${path}: says why`)
+  }
+  // Still as before: the route itself with its list, the form the router decodes to it, and paths merely sharing letters.
+  t.equal((await rawRequest(r.proxy.port, `DELETE /management/clusters HTTP/1.1\r\n${H}${C}\r\n`)).finals[0]?.status, 405, 'DELETE /management/clusters: the route\'s list')
+  const forwarded: [string, string, CountingUpstream, string][] = [
+    ['GET', '/%6Danagement/clusters', r.mgmt, '/clusters'],
+    ['DELETE', '/managementx/clusters', r.api, '/base/managementx/clusters'],
+    ['DELETE', '/opt/v2/x', r.api, '/base/opt/v2/x'],
+    ['DELETE', '/v1/management/x', r.api, '/base/v1/management/x'],
+    ['GET', '/opt/v1/x', r.opt, '/opt/v1/x'],
+  ]
+  for (const [method, path, upstream, expected] of forwarded) {
+    const before = upstream.received.length
+    t.equal((await rawRequest(r.proxy.port, `${method} ${path} HTTP/1.1\r\n${H}${C}\r\n`)).finals[0]?.status, 200, `${method} ${path} forwarded`)
+    t.equal(upstream.received.at(before)?.url, expected, `${method} ${path} → ${expected}`)
+  }
+})
+
+t.test('methods the proxy does not forward get a JSON 405 naming them, with Allow, whichever layer knows them', async t => {
+  const r = await rig(t)
+  // Node's parser knows these (Fastify's router only some); CONNECT has its own answer (400, not a forward proxy).
+  const parsed = METHODS.filter(m => !(PROXY_METHODS as readonly string[]).includes(m) && m !== 'CONNECT')
+  // These Node's parser rejects: made up, or in the wrong case.
+  const unknown = ['FOO', 'BREW', 'PROPFOO', 'TRACK', 'get', 'Delete', 'X-CUSTOM_1']
+  for (const method of [...parsed, ...unknown]) {
+    const first = await expectRefused(t, r, { name: method, bytes: `${method} /management/x HTTP/1.1\r\n${H}${C}\r\n`, status: 405, code: 'method_not_allowed' })
+    t.same(first?.headers.allow, ['DELETE, GET, HEAD, PATCH, POST, PUT, OPTIONS'], `${method}: Allow`)
+    const message = errorOf(first)?.message ?? ''
+    t.ok(message.startsWith(`${method} is `), `${method}: named (${message})`)
+    if (method === 'TRACE' || method === 'TRACK') t.match(message, /never forwarded: the upstream would echo the request back, signed token included/)
+    else t.match(message, /is not forwarded: the proxy forwards only the methods of the COS APIs/)
+  }
+  t.match(errorOf(await expectRefused(t, r, { name: 'get', bytes: `get /management/x HTTP/1.1\r\n${H}${C}\r\n`, status: 405, code: 'method_not_allowed' }))?.message, /case-sensitive/)
+  // Not a method at all (a TLS ClientHello on the plain port, a bare token): malformed, 400.
+  await expectRefused(t, r, { name: 'TLS ClientHello', bytes: Buffer.from('160301020001000100', 'hex'), status: 400, code: 'bad_request' })
+  await expectRefused(t, r, { name: 'token without a target', bytes: `FOO\r\n${H}\r\n`, status: 400, code: 'bad_request' })
 })

@@ -164,9 +164,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
   value: "0.0.0.0"
 - name: COS_ADMIN_PORT
   value: {{ $v.admin.port | quote }}
+{{- /* Loopback stays admitted: kubectl port-forward and the pod's own containers arrive over it. */ -}}
 {{- with $v.proxy.allowFrom }}
 - name: COS_ALLOW_FROM
-  value: {{ join "," . | quote }}
+  value: {{ concat . (list "127.0.0.0/8" "::1/128") | uniq | join "," | quote }}
 {{- end }}
 {{- with $v.proxy.requireHeader }}
 - name: COS_REQUIRE_HEADER

@@ -1,0 +1,137 @@
+// Pipelined requests on one connection, as exact bytes in one write. Node's
+// server parses ahead and hands over every request it finds while earlier
+// answers are pending: once a request is refused (the refusal closes the
+// connection), is malformed or is CONNECT, nothing behind it may be
+// forwarded, and the answers owed to the requests before it come first.
+import type { IncomingMessage, ServerResponse } from 'node:http'
+import t, { type Test } from 'tap'
+import { startProxy, type RunningProxy } from '../helpers.js'
+import { errorOf, rawRequest, startCountingUpstream, type CountingUpstream, type RawResult } from './raw.js'
+
+const GET = (path: string): string => `GET ${path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n`
+const POST = (path: string, body: string): string => `POST ${path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\nContent-Length: ${body.length}\r\n\r\n${body}`
+const MALFORMED = 'POST /after HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n'
+
+/** The upstream answers each request with its own method and path, so answers can be told apart. */
+function echo (req: IncomingMessage, res: ServerResponse): void {
+  res.setHeader('content-type', 'text/plain')
+  res.end(`${req.method ?? ''} ${req.url ?? ''}`)
+}
+
+interface Rig { readonly proxy: RunningProxy, readonly up: CountingUpstream }
+
+async function rig (t: Test, env: Record<string, string> = {}, handler = echo): Promise<Rig> {
+  const up = await startCountingUpstream((req, res) => { handler(req, res) })
+  const proxy = await startProxy({ COS_API_URL: up.url, ...env })
+  t.teardown(async () => { await proxy.close(); await up.close() })
+  return { proxy, up }
+}
+
+/** Request log lines written so far (one per request, when its response closes). */
+function requestLines (proxy: RunningProxy): Record<string, unknown>[] {
+  return proxy.logs.records.filter(r => r.msg === 'request')
+}
+
+/** Waits (boundedly) until `count` request lines are written: every request, forwarded or dropped, is accounted for once. */
+async function logged (proxy: RunningProxy, count: number): Promise<Record<string, unknown>[]> {
+  for (let i = 0; i < 100 && requestLines(proxy).length < count; i++) await new Promise(resolve => setTimeout(resolve, 10))
+  await new Promise(resolve => setTimeout(resolve, 30)) // one more would show up here
+  return requestLines(proxy)
+}
+
+function statuses (res: RawResult): number[] {
+  return res.finals.map(f => f.status)
+}
+
+t.test('requests pipelined behind a refused one never reach the upstream', async t => {
+  const { proxy, up } = await rig(t, { COS_MAX_BODY_BYTES: '100', COS_REQUIRE_HEADER: 'X-Need' })
+  const ok = 'X-Need: 1\r\n'
+  const refused: [string, string, number][] = [
+    ['a dot-segment path', `GET /a/../b HTTP/1.1\r\nHost: 127.0.0.1\r\n${ok}\r\n`, 400],
+    ['a malformed percent-escape (the router refuses it)', `GET /%zz HTTP/1.1\r\nHost: 127.0.0.1\r\n${ok}\r\n`, 400],
+    ['TRACE', `TRACE /x HTTP/1.1\r\nHost: 127.0.0.1\r\n${ok}\r\n`, 405],
+    ['a missing required header', GET('/x'), 403],
+    ['a body above COS_MAX_BODY_BYTES', `POST /x HTTP/1.1\r\nHost: 127.0.0.1\r\n${ok}Content-Length: 101\r\n\r\n${'a'.repeat(101)}`, 413],
+  ]
+  const withHeader = (request: string): string => request.replace('\r\n\r\n', `\r\n${ok}\r\n`)
+  for (const [name, bytes, status] of refused) {
+    const lines = requestLines(proxy).length
+    const res = await rawRequest(proxy.port, bytes + withHeader(GET('/behind')) + withHeader(POST('/behind', 'hi')), { settleMs: 200 })
+    t.same(statuses(res), [status], `${name}: exactly the refusal`)
+    t.ok(res.closedByPeer, `${name}: then the connection is closed`)
+    t.equal(res.leftover.length, 0, `${name}: nothing after the refusal`)
+    t.same(up.seen, [], `${name}: the GET and the POST behind it never reached the upstream`)
+    const written = (await logged(proxy, lines + 3)).slice(lines).map(l => `${String(l.method)} ${String(l.status)}`)
+    t.same(written.sort(), [`${bytes.split(' ')[0] ?? ''} ${status}`, 'GET 400', 'POST 400'].sort(), `${name}: each of the three logged once`)
+  }
+  const again = await rawRequest(proxy.port, withHeader(GET('/still')) + withHeader(GET('/serving')), { expect: 2 })
+  t.same(statuses(again), [200, 200], 'the proxy keeps serving pipelined requests')
+})
+
+t.test('a request pipelined before a malformed one gets its answer, then the 400, then the close', async t => {
+  const { proxy, up } = await rig(t)
+  const cases: [string, string, number, string][] = [
+    ['ambiguous framing', MALFORMED, 400, 'bad_request'],
+    ['an unknown method', 'BREW /pot HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n', 405, 'method_not_allowed'],
+    ['CONNECT', 'CONNECT 127.0.0.1:1 HTTP/1.1\r\nHost: 127.0.0.1:1\r\n\r\n', 400, 'bad_request'],
+  ]
+  for (const [name, bad, status, code] of cases) {
+    up.seen.length = 0
+    const res = await rawRequest(proxy.port, GET('/first') + POST('/second', 'hi') + bad, { expect: 3 })
+    t.same(statuses(res), [200, 200, status], `${name}: both answers, then ${status}`)
+    t.same(res.finals.slice(0, 2).map(f => f.body.toString()), ['GET /first', 'POST /second'], `${name}: the answers whole and in order`)
+    t.equal(errorOf(res.finals[2])?.code, code, `${name}: the JSON error last`)
+    t.ok(res.closedByPeer, `${name}: then the close`)
+    t.same(up.seen, ['GET /first', 'POST /second'], `${name}: only the requests before it were forwarded`)
+  }
+})
+
+t.test('the answer to a slow request pipelined before a malformed one still arrives, then the 400', async t => {
+  // The upstream answers only once the proxy has rejected the malformed bytes: the answer is owed after the error is known.
+  let rejected: () => void = () => {}
+  const rejection = new Promise<void>(resolve => { rejected = resolve })
+  const { proxy, up } = await rig(t, {}, (req, res) => { void rejection.then(() => { echo(req, res) }) })
+  proxy.app.server.on('clientError', () => { rejected() })
+  const res = await rawRequest(proxy.port, GET('/slow') + MALFORMED, { expect: 2 })
+  t.same(statuses(res), [200, 400])
+  t.equal(res.finals[0]?.body.toString(), 'GET /slow', 'the slow answer, whole')
+  t.equal(errorOf(res.finals[1])?.code, 'bad_request')
+  t.ok(res.closedByPeer)
+  t.same(up.seen, ['GET /slow'])
+})
+
+t.test('a large answer pipelined before CONNECT is written whole before the 400 (no stall once Node lets go of the socket)', async t => {
+  const big = Buffer.alloc(8 * 1024 * 1024, 'x')
+  const { proxy } = await rig(t, {}, (_req, res) => {
+    res.setHeader('content-type', 'application/octet-stream')
+    res.setHeader('content-length', big.length)
+    res.end(big)
+  })
+  const res = await rawRequest(proxy.port, GET('/big') + 'CONNECT 127.0.0.1:1 HTTP/1.1\r\nHost: 127.0.0.1:1\r\n\r\n', { expect: 2, timeoutMs: 5000 })
+  t.same(statuses(res), [200, 400])
+  t.equal(res.finals[0]?.body.length, big.length, '8 MiB arrived')
+  t.notOk(res.timedOut)
+})
+
+t.test('several valid pipelined requests are all forwarded and answered in order', async t => {
+  const { proxy, up } = await rig(t, { COS_API_ALLOWED_METHODS: 'GET,POST' })
+  const requests = [GET('/1'), POST('/2', 'two'), GET('/3'), `DELETE /4 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n`, GET('/5'), POST('/6', 'six')]
+  const res = await rawRequest(proxy.port, requests.join(''), { expect: requests.length })
+  // The 405 from the route's method list keeps the connection: what follows it is served.
+  t.same(statuses(res), [200, 200, 200, 405, 200, 200])
+  t.same(res.finals.filter(f => f.status === 200).map(f => f.body.toString()), ['GET /1', 'POST /2', 'GET /3', 'GET /5', 'POST /6'])
+  t.notOk(res.closedByPeer, 'the connection stays open')
+  t.same(up.seen, ['GET /1', 'POST /2', 'GET /3', 'GET /5', 'POST /6'])
+})
+
+t.test('a flood pipelined behind a refusal is cut off rather than held, and nothing of it is forwarded', async t => {
+  const { proxy, up } = await rig(t)
+  const lines = requestLines(proxy).length
+  const res = await rawRequest(proxy.port, GET('/a/../b') + GET('/behind').repeat(300), { settleMs: 200 })
+  t.ok(res.closedByPeer || res.error !== undefined, 'the connection is closed')
+  t.ok(res.finals.every(f => f.status === 400), 'nothing but the refusal came back')
+  t.same(up.seen, [], 'nothing forwarded')
+  const written = (await logged(proxy, lines + 2)).slice(lines)
+  t.ok(written.length >= 2 && written.every(l => l.status === 400), `every request parsed was logged as refused or dropped (${written.length})`)
+  t.equal((await rawRequest(proxy.port, GET('/after'), { expect: 1 })).finals[0]?.status, 200, 'still serving')
+})
