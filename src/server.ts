@@ -181,7 +181,7 @@ export interface ProxyServerOptions {
   /** Built from config (and closed with the server) when not given. */
   readonly upstreams?: Upstreams
   readonly observer?: ProxyObserver & RequestObserver
-  readonly resyncCredentials?: () => boolean
+  readonly resyncCredentials?: () => void
   /** Built from `observer` when not given. */
   readonly requestLog?: RequestLog
 }
@@ -325,7 +325,7 @@ export async function serve (opts: ServeOptions): Promise<void> {
     store,
     reloadMs: config.credentialsReloadMs,
     logger,
-    onOutcome: o => metrics.credentialReload(o.result),
+    onOutcome: o => metrics.credentialReload(o.result, o.result === 'rejected' ? o.refusal : undefined),
   })
   await watcher.start()
 
@@ -337,15 +337,6 @@ export async function serve (opts: ServeOptions): Promise<void> {
     retried: (route, reason) => metrics.retried(route, reason),
     tokenMinted: () => metrics.tokenMinted(),
   }
-  // The 401 path re-reads the files synchronously; an upstream that rejects
-  // every request must not turn that into a read per request.
-  let lastResync = 0
-  const resyncCredentials = (): boolean => {
-    const now = performance.now()
-    if (now - lastResync < 250) return false
-    lastResync = now
-    return watcher.reloadSync().result === 'applied'
-  }
   const requestLog = new RequestLog(observer)
   const app = await buildProxyServer({
     config,
@@ -354,7 +345,7 @@ export async function serve (opts: ServeOptions): Promise<void> {
     upstreams,
     observer,
     requestLog,
-    resyncCredentials,
+    resyncCredentials: () => { watcher.nudge() },
   })
 
   let listening = false
