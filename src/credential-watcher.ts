@@ -13,13 +13,13 @@ import { basename, dirname } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
 import type { FastifyBaseLogger } from 'fastify'
 import type { Config } from './config.js'
-import { readPair, readPairSync, type CredentialStore, type PairResult } from './credentials.js'
+import { readPair, type CredentialStore, type PairFailure, type PairResult, type ReadRefusal } from './credentials.js'
 import type { TokenEncoding } from './token.js'
 
 export type ReloadOutcome =
   | { readonly result: 'applied', readonly accessKey: string }
   | { readonly result: 'unchanged' }
-  | { readonly result: 'rejected', readonly variable: string, readonly problem: string }
+  | { readonly result: 'rejected', readonly variable: string, readonly problem: string, readonly refusal?: ReadRefusal }
 
 export interface CredentialWatcherOptions {
   readonly credentials: Config['credentials']
@@ -29,6 +29,8 @@ export interface CredentialWatcherOptions {
   readonly logger: FastifyBaseLogger
   /** Called for every reload attempt that finishes (including `unchanged` periodic re-reads). */
   readonly onOutcome?: (o: ReloadOutcome) => void
+  /** How long one read of the files may take before it counts as failed (default READ_TIMEOUT_MS). */
+  readonly readTimeoutMs?: number
 }
 
 // A changed pair is applied only once two reads this far apart agree: an
@@ -40,6 +42,12 @@ const SETTLE_MS = 50
 const MAX_READS = 5
 // One reload for a burst of events: a `..data` swap alone makes several.
 const DEBOUNCE_MS = 20
+// A read of two small files takes well under a millisecond. One that takes
+// this long is stuck (a hung network file system, a thread pool held by
+// something else): report it and carry on rather than wait for ever.
+const READ_TIMEOUT_MS = 1000
+// An upstream that rejects every request must not cause a read per request.
+const NUDGE_INTERVAL_MS = 250
 
 const UNCHANGED: ReloadOutcome = { result: 'unchanged' }
 
@@ -60,6 +68,9 @@ export class CredentialWatcher {
   #debounce: NodeJS.Timeout | undefined
   #running: Promise<ReloadOutcome> | undefined
   #queued: Promise<ReloadOutcome> | undefined
+  /** True while a read that outlived READ_TIMEOUT_MS has not ended: none other starts, so stuck reads cannot pile up. */
+  #overdue = false
+  #lastNudge = -Infinity
   /** The refusal last logged at `error`, so a file that stays broken is not logged every period. */
   #lastProblem: string | undefined
   #closed = false
@@ -101,13 +112,15 @@ export class CredentialWatcher {
   }
 
   /**
-   * Synchronous re-read for the upstream-401 path: applies a valid changed
-   * pair at once. One read, no settling: the caller cannot wait, and a pair
-   * caught half written is corrected by the next asynchronous reload.
+   * A hint that the files may have changed though no event said so (the
+   * upstream refused the pair in force): re-read in the background, sharing
+   * any read under way. At most once per NUDGE_INTERVAL_MS; never blocks.
    */
-  reloadSync (): ReloadOutcome {
-    if (this.#closed) return UNCHANGED
-    return this.#finish(readPairSync(this.#opts.credentials, this.#opts.encoding))
+  nudge (): void {
+    const now = performance.now()
+    if (this.#closed || now - this.#lastNudge < NUDGE_INTERVAL_MS) return
+    this.#lastNudge = now
+    this.#reloadInBackground()
   }
 
   /** Stop watchers and timers (idempotent). A read under way finishes without effect. */
@@ -128,7 +141,7 @@ export class CredentialWatcher {
   }
 
   async #readUntilSettled (): Promise<ReloadOutcome> {
-    const read = (): Promise<PairResult> => readPair(this.#opts.credentials, this.#opts.encoding)
+    const read = (): Promise<PairResult> => this.#readWithin()
     let last = await read()
     // The pair in force read back whole (the usual periodic re-read), or
     // literals only: nothing can be half written, nothing to confirm.
@@ -144,6 +157,23 @@ export class CredentialWatcher {
     return this.#finish({ ok: false, variable: this.#fileVariables, problem: `kept changing for ${SETTLE_MS * (MAX_READS - 1)} ms while being read` })
   }
 
+  /** One read of the pair, failed as `read_timeout` if it does not end in time (it is left to end on its own). */
+  async #readWithin (): Promise<PairResult> {
+    const ms = this.#opts.readTimeoutMs ?? READ_TIMEOUT_MS
+    const timedOut: PairFailure = { ok: false, variable: this.#fileVariables, problem: `could not be read within ${ms} ms`, refusal: 'read_timeout' }
+    if (this.#overdue) return timedOut
+    const reading = readPair(this.#opts.credentials, this.#opts.encoding)
+    let timer: NodeJS.Timeout | undefined
+    const deadline = new Promise<undefined>(resolve => { timer = setTimeout(() => { resolve(undefined) }, ms) })
+    const result = await Promise.race([reading, deadline])
+    clearTimeout(timer)
+    if (result !== undefined) return result
+    this.#overdue = true
+    const ended = (): void => { this.#overdue = false }
+    reading.then(ended, ended)
+    return timedOut
+  }
+
   #isCurrent (r: PairResult): boolean {
     const current = this.#opts.store.current
     return r.ok && current !== undefined && current.samePair(r.minter)
@@ -156,7 +186,7 @@ export class CredentialWatcher {
     const previous = store.current?.accessKey
     let outcome: ReloadOutcome
     if (!r.ok) {
-      outcome = { result: 'rejected', variable: r.variable, problem: r.problem }
+      outcome = { result: 'rejected', variable: r.variable, problem: r.problem, ...(r.refusal === undefined ? {} : { refusal: r.refusal }) }
       const problem = `${r.variable} ${r.problem}`
       const fields = { variable: r.variable, problem: r.problem, accessKeyInForce: previous ?? null }
       if (problem === this.#lastProblem) {
@@ -190,6 +220,10 @@ export class CredentialWatcher {
 
   #tick (): void {
     this.#watchDirs()
+    this.#reloadInBackground()
+  }
+
+  #reloadInBackground (): void {
     this.reload().catch((err: unknown) => { this.#opts.logger.error({ err }, 'credentials: reload failed') })
   }
 

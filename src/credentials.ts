@@ -2,17 +2,20 @@
 // value and held behind a single reference, so a swap is atomic: a request
 // signs with the old pair or the new pair, never a mix.
 import type { KeyObject } from 'node:crypto'
-import { readFileSync } from 'node:fs'
-import { readFile } from 'node:fs/promises'
+import { readBoundedFile, type FileRefusal } from './bounded-file.js'
 import type { Config, CredentialSource } from './config.js'
 import type { Secret } from './secret.js'
 import { HeaderMinter, secretKey, type TokenEncoding } from './token.js'
 
 export type PairResult =
   | { readonly ok: true, readonly accessKey: string, readonly key: KeyObject, readonly minter: HeaderMinter }
-  | { readonly ok: false, readonly variable: string, readonly problem: string }
+  | PairFailure
 
-type ItemResult = { readonly ok: true, readonly value: string } | { readonly ok: false, readonly variable: string, readonly problem: string }
+/** `refusal`: the file was refused unread (what is at the path, or a read that never finished). */
+export interface PairFailure { readonly ok: false, readonly variable: string, readonly problem: string, readonly refusal?: ReadRefusal }
+export type ReadRefusal = FileRefusal | 'read_timeout'
+
+type ItemResult = { readonly ok: true, readonly value: string } | PairFailure
 
 // The access key is the first field of a `/`-separated token and part of a
 // `:`-joined message: either character would make tokens ambiguous.
@@ -28,38 +31,18 @@ function literalItem (name: string, secret: Secret): ItemResult {
   return value === '' ? { ok: false, variable: name, problem: 'is empty' } : { ok: true, value }
 }
 
-type FileRead = { readonly text: string } | { readonly err: unknown }
-
-// Shared by the async and sync readers, which differ only in the read call.
-function fileItem (name: string, path: string, read: FileRead): ItemResult {
-  const variable = `${name}_FILE`
-  if ('err' in read) {
-    // The error code only: a message could quote file contents in odd cases.
-    const code = (read.err as NodeJS.ErrnoException).code ?? 'read error'
-    return { ok: false, variable, problem: `cannot read ${JSON.stringify(path)} (${code})` }
-  }
-  const value = read.text.trim()
-  if (value === '') return { ok: false, variable, problem: `file ${JSON.stringify(path)} is empty` }
-  return { ok: true, value }
-}
+/** A key or secret is a few dozen characters; a file far larger is not one (and is never read whole). */
+export const CREDENTIAL_FILE_MAX_BYTES = 4096
 
 async function readItem (name: string, source: CredentialSource): Promise<ItemResult> {
   if (source.value !== undefined) return literalItem(name, source.value)
   const path = source.file ?? ''
-  const read = await readFile(path, 'utf8').then((text): FileRead => ({ text }), (err: unknown): FileRead => ({ err }))
-  return fileItem(name, path, read)
-}
-
-function readItemSync (name: string, source: CredentialSource): ItemResult {
-  if (source.value !== undefined) return literalItem(name, source.value)
-  const path = source.file ?? ''
-  let read: FileRead
-  try {
-    read = { text: readFileSync(path, 'utf8') }
-  } catch (err) {
-    read = { err }
-  }
-  return fileItem(name, path, read)
+  const read = await readBoundedFile(path, CREDENTIAL_FILE_MAX_BYTES)
+  const variable = `${name}_FILE`
+  if (!read.ok) return { ...read, variable }
+  const value = read.text.trim()
+  if (value === '') return { ok: false, variable, problem: `file ${JSON.stringify(path)} is empty` }
+  return { ok: true, value }
 }
 
 function toPair (credentials: Config['credentials'], encoding: TokenEncoding, key: ItemResult, secret: ItemResult): PairResult {
@@ -80,11 +63,6 @@ export async function readPair (credentials: Config['credentials'], encoding: To
     readItem('COS_ACCESS_KEY_SECRET', credentials.secret),
   ])
   return toPair(credentials, encoding, key, secret)
-}
-
-/** readPair for a caller that cannot wait (the upstream-401 path). Same checks, same results. */
-export function readPairSync (credentials: Config['credentials'], encoding: TokenEncoding): PairResult {
-  return toPair(credentials, encoding, readItemSync('COS_ACCESS_KEY', credentials.accessKey), readItemSync('COS_ACCESS_KEY_SECRET', credentials.secret))
 }
 
 /**

@@ -10,6 +10,8 @@ import { errorCodes } from './error-codes.js'
 export type UpstreamErrorKind = 'refused' | 'reset' | 'timeout' | 'tls' | 'dns' | 'other'
 export type ReloadResult = 'applied' | 'unchanged' | 'rejected'
 export type RetryReason = 'connect' | 'unauthorized'
+/** Why a read of a credential file was refused unread (also counted as a `rejected` reload). */
+export type CredentialRefusal = 'not_a_regular_file' | 'too_large' | 'read_timeout'
 
 const PREFIX = 'cos_auth_proxy_'
 
@@ -27,6 +29,7 @@ const STATUS_CLASSES = ['1xx', '2xx', '3xx', '4xx', '5xx'] as const
 const ERROR_KINDS: readonly UpstreamErrorKind[] = ['refused', 'reset', 'timeout', 'tls', 'dns', 'other']
 const RETRY_REASONS: readonly RetryReason[] = ['connect', 'unauthorized']
 const RELOAD_RESULTS: readonly ReloadResult[] = ['applied', 'unchanged', 'rejected']
+const CREDENTIAL_REFUSALS: readonly CredentialRefusal[] = ['not_a_regular_file', 'too_large', 'read_timeout']
 
 /** 1xx..5xx → 0..4. Node lets a status up to 999 through; anything past 5xx counts as 5xx so the label set stays closed. */
 function statusClassIndex (status: number): number {
@@ -71,6 +74,7 @@ interface Scalars {
   /** Unix seconds of the last good read of the key pair; 0 = none yet. */
   lastGoodReload: number
   readonly reloads: Record<ReloadResult, number>
+  readonly refusals: Record<CredentialRefusal, number>
 }
 
 /**
@@ -92,7 +96,13 @@ export class ProxyMetrics {
   readonly contentType: string
   private readonly routes: ReadonlyMap<string, RouteCells>
   private readonly none: RouteCells
-  private readonly n: Scalars = { inFlight: 0, tokensMinted: 0, lastGoodReload: 0, reloads: { applied: 0, unchanged: 0, rejected: 0 } }
+  private readonly n: Scalars = {
+    inFlight: 0,
+    tokensMinted: 0,
+    lastGoodReload: 0,
+    reloads: { applied: 0, unchanged: 0, rejected: 0 },
+    refusals: { not_a_regular_file: 0, too_large: 0, read_timeout: 0 },
+  }
 
   constructor (opts: { readonly defaultMetrics?: boolean, readonly logLinesDropped?: () => number } = {}) {
     this.registry = new Registry()
@@ -149,9 +159,11 @@ export class ProxyMetrics {
    * 'applied' and 'unchanged' are good reads and move the last-reload time:
    * the gauge answers "when were the credentials last known good on disk", so
    * an alert on its age fires when reads fail, not when nobody rotated the key.
+   * `refused`: a rejected read that was refused unread, and why.
    */
-  credentialReload (result: ReloadResult): void {
+  credentialReload (result: ReloadResult, refused?: CredentialRefusal): void {
     this.n.reloads[result]++
+    if (refused !== undefined) this.n.refusals[refused]++
     if (result !== 'rejected') this.n.lastGoodReload = Date.now() / 1000
   }
 
@@ -230,6 +242,16 @@ function registerExporters (registry: Registry, cells: readonly RouteCells[], n:
     collect () {
       this.reset()
       for (const result of RELOAD_RESULTS) this.inc({ result }, n.reloads[result])
+    },
+  })
+  new Counter({
+    name: `${PREFIX}credential_reads_refused_total`,
+    help: 'Reads of the credential files refused unread, by reason: not_a_regular_file (a FIFO, directory or device at the path), too_large, read_timeout (the read did not end in time). Each is also a rejected reload; the pair in force stays.',
+    labelNames: ['reason'] as const,
+    registers,
+    collect () {
+      this.reset()
+      for (const reason of CREDENTIAL_REFUSALS) this.inc({ reason }, n.refusals[reason])
     },
   })
   new Gauge({

@@ -43,8 +43,8 @@ export interface ProxyOptions {
   readonly routes: readonly Route[]
   readonly credentials: CredentialStore
   readonly upstreams: Upstreams
-  /** Re-reads the credential files now; true when a different pair is in force afterwards. */
-  readonly resyncCredentials?: () => boolean
+  /** Asks for the credential files to be re-read in the background (an upstream 401); rate-limited, never blocks. */
+  readonly resyncCredentials?: () => void
   readonly observer?: ProxyObserver
   /** A header only for the proxy (COS_REQUIRE_HEADER): never forwarded. */
   readonly dropHeader?: string
@@ -331,22 +331,31 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
    * attempt, with a freshly minted token, only when it is safe:
    *  - the request has no body, its method is idempotent and the connection
    *    failed before anything was answered (refused, reset, closed);
-   *  - the upstream answered 401 to a request without a body and re-reading
-   *    the credential files put a different pair in force (a rotation the
-   *    watcher had not seen yet).
+   *  - the upstream answered 401 to a request without a body that was
+   *    signed with a pair no longer in force (the watcher applied a rotation
+   *    while the request was in flight).
    * Timeouts and upstream 5xx are never retried.
+   *
+   * The hook must answer at once, and a retry it schedules cannot be called
+   * off, so the files cannot be re-read for the request at hand: any other
+   * 401 asks for a background re-read, for the requests that follow (and for
+   * those in flight, whose 401 then finds the new pair in force).
    */
   const retryDelayFor = (route: RouteName): NonNullable<FastifyReplyFromHooks['retryDelay']> => ({ err, req, res, attempt }) => {
     if (attempt > 0) return null
     const attemptReq = req as unknown as AttemptRequest
-    if (!isBodyless(attemptReq)) return null
     // eslint-disable-next-line @typescript-eslint/no-unnecessary-condition -- undefined on a response, whatever the typings say
     if (err != null) {
-      if (!RETRY_METHODS.has(attemptReq.method) || !CONNECTION_FAILURES.has(errorCodes(err).next().value ?? '')) return null
+      if (!isBodyless(attemptReq) || !RETRY_METHODS.has(attemptReq.method) || !CONNECTION_FAILURES.has(errorCodes(err).next().value ?? '')) return null
       observer?.retried(route, 'connect')
     } else {
       const attemptRes = res as unknown as AttemptResponse | undefined
-      if (attemptRes?.statusCode !== 401 || opts.resyncCredentials?.() !== true) return null
+      if (attemptRes?.statusCode !== 401) return null
+      if (credentials.current?.signed(attemptReq.headers.authorization ?? '') !== false) {
+        opts.resyncCredentials?.()
+        return null
+      }
+      if (!isBodyless(attemptReq)) return null
       attemptRes.stream.resume() // drain the 401 so its connection is reused
       observer?.retried(route, 'unauthorized')
     }

@@ -4,7 +4,6 @@ import { randomUUID } from 'node:crypto'
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import type { Duplex } from 'node:stream'
-import { performance } from 'node:perf_hooks'
 import { setTimeout as sleep } from 'node:timers/promises'
 import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply } from 'fastify'
 import type { Logger } from 'pino'
@@ -249,7 +248,7 @@ export interface ProxyServerOptions {
   /** Built from config (and closed with the server) when not given. */
   readonly upstreams?: Upstreams
   readonly observer?: ProxyObserver & RequestObserver
-  readonly resyncCredentials?: () => boolean
+  readonly resyncCredentials?: () => void
   /** Built from `observer` when not given. */
   readonly requestLog?: RequestLog
 }
@@ -409,21 +408,12 @@ export async function serve (opts: ServeOptions): Promise<void> {
     store,
     reloadMs: config.credentialsReloadMs,
     logger,
-    onOutcome: o => metrics.credentialReload(o.result),
+    onOutcome: o => metrics.credentialReload(o.result, o.result === 'rejected' ? o.refusal : undefined),
   })
   await watcher.start()
 
   upstreams.watch(config.credentialsReloadMs)
   const observer = metricsObserver(metrics)
-  // The 401 path re-reads the files synchronously; an upstream that rejects
-  // every request must not turn that into a read per request.
-  let lastResync = 0
-  const resyncCredentials = (): boolean => {
-    const now = performance.now()
-    if (now - lastResync < 250) return false
-    lastResync = now
-    return watcher.reloadSync().result === 'applied'
-  }
   const requestLog = new RequestLog(observer)
   const app = await buildProxyServer({
     config,
@@ -432,7 +422,7 @@ export async function serve (opts: ServeOptions): Promise<void> {
     upstreams,
     observer,
     requestLog,
-    resyncCredentials,
+    resyncCredentials: () => { watcher.nudge() },
   })
 
   let listening = false

@@ -308,6 +308,15 @@ export class HeaderMinter {
     return this.#headerPrefix + ts + s + nonce + s + (s === '/' ? sig : sig.replace(SIG_SPECIALS, escapeSigChar))
   }
 
+  /**
+   * True when `authorization` (a header value this proxy sent) was minted with
+   * this pair: after an upstream 401, tells whether the pair has been replaced
+   * since the request went out. Off the hot path: one HMAC.
+   */
+  signed (authorization: string): boolean {
+    return verifyToken(authorization, { accessKey: this.accessKey, key: this.#key }).ok
+  }
+
   /** True when both minters hold the same key pair (used to detect rotation). */
   samePair (other: HeaderMinter): boolean {
     return this.accessKey === other.accessKey && this.#key.equals(other.#key)

@@ -2,10 +2,11 @@
 // dispatcher whose pool can be replaced when TLS material changes (a rotated
 // CA bundle or client certificate), without a restart and without cutting
 // requests in flight on the old pool.
-import { readFileSync, unwatchFile, watchFile, type Stats } from 'node:fs'
+import { unwatchFile, watchFile, type Stats } from 'node:fs'
 import { rootCertificates } from 'node:tls'
 import type { FastifyBaseLogger } from 'fastify'
 import { Dispatcher, Pool } from 'undici'
+import { readBoundedFileSync } from './bounded-file.js'
 import { ConfigError, type Config } from './config.js'
 
 export interface TlsMaterial {
@@ -14,19 +15,23 @@ export interface TlsMaterial {
   readonly key?: string
 }
 
-/** Reads COS_CA_FILE / COS_CLIENT_CERT_FILE / COS_CLIENT_KEY_FILE. Throws ConfigError naming the file's variable. */
+/** Room for a large CA bundle (the Mozilla one is ~220 KB); a file past it is refused unread. */
+export const TLS_FILE_MAX_BYTES = 1024 * 1024
+
+/**
+ * Reads COS_CA_FILE / COS_CLIENT_CERT_FILE / COS_CLIENT_KEY_FILE. Throws
+ * ConfigError naming the file's variable. Synchronous (start-up, and a
+ * change seen by watchFile), but a FIFO, device or huge file at a path is
+ * refused without waiting on it or reading it whole.
+ */
 export function readTlsMaterial (files: Config['tls']): TlsMaterial {
   const read = (variable: string, path: string | undefined, marker: RegExp): string | undefined => {
     if (path === undefined) return undefined
-    let text: string
-    try {
-      text = readFileSync(path, 'utf8')
-    } catch (err) {
-      throw new ConfigError(variable, `cannot read ${JSON.stringify(path)} (${(err as NodeJS.ErrnoException).code ?? 'error'})`)
-    }
+    const file = readBoundedFileSync(path, TLS_FILE_MAX_BYTES)
+    if (!file.ok) throw new ConfigError(variable, file.problem)
     // Contents are never echoed: a key file is a secret.
-    if (!marker.test(text)) throw new ConfigError(variable, `${JSON.stringify(path)} holds no PEM block of the expected kind`)
-    return text
+    if (!marker.test(file.text)) throw new ConfigError(variable, `${JSON.stringify(path)} holds no PEM block of the expected kind`)
+    return file.text
   }
   const ca = read('COS_CA_FILE', files.caFile, /-----BEGIN CERTIFICATE-----/)
   const cert = read('COS_CLIENT_CERT_FILE', files.clientCertFile, /-----BEGIN CERTIFICATE-----/)

@@ -236,7 +236,7 @@ t.test('credential files: trimmed, empty or missing is an error naming the varia
   const cases: [Record<string, string>, string, RegExp][] = [
     [{ COS_ACCESS_KEY_SECRET_FILE: join(dir, 'empty') }, 'COS_ACCESS_KEY_SECRET_FILE', /is empty/],
     [{ COS_ACCESS_KEY_FILE: join(dir, 'missing') }, 'COS_ACCESS_KEY_FILE', /cannot read .*ENOENT/],
-    [{ COS_ACCESS_KEY_FILE: dir }, 'COS_ACCESS_KEY_FILE', /cannot read .*EISDIR/],
+    [{ COS_ACCESS_KEY_FILE: dir }, 'COS_ACCESS_KEY_FILE', /is a directory, not a regular file/],
     [{ COS_ACCESS_KEY_FILE: join(dir, 'badkey') }, 'COS_ACCESS_KEY_FILE', /must not contain/],
   ]
   for (const [override, variable, problem] of cases) {

@@ -1,6 +1,6 @@
 // The sidecar's life as Kubernetes drives it, against the built CLI in a child
 // process: probes, a Secret mounted late, drain on SIGTERM, /quitquitquit, wait.
-import { spawn } from 'node:child_process'
+import { execFileSync, spawn } from 'node:child_process'
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import { Agent, request as httpRequest } from 'node:http'
 import { tmpdir } from 'node:os'
@@ -76,6 +76,38 @@ t.test('credential files missing at start: the proxy starts unready, answers 503
   await until('readiness', async () => (await send(`${s.admin}/readyz`)).status === 200)
   t.equal((await send(`${s.proxy}/x`)).status, 200)
   t.match(up.received[0]?.headers.authorization, /^Bearer AKIDLATE%2F/)
+})
+
+t.test('a FIFO in place of the secret file: the sidecar keeps its pair and stays ready, counts the refusal, and applies the next pair', async t => {
+  const dir = mkdtempSync(join(tmpdir(), 'cos-fifo-'))
+  const keyFile = join(dir, 'access-key')
+  const secretFile = join(dir, 'access-key-secret')
+  writeFileSync(keyFile, 'AKIDFIFO\n')
+  writeFileSync(secretFile, 'fifo-SeCrEt\n')
+  const up = await startUpstream((req, res) => { res.statusCode = req.url === '/denied' ? 401 : 200; res.end() })
+  const s = await startSidecar({ COS_API_URL: up.url, COS_ACCESS_KEY_FILE: keyFile, COS_ACCESS_KEY_SECRET_FILE: secretFile, COS_CREDENTIALS_RELOAD_MS: '100' })
+  t.teardown(async () => { s.child.kill('SIGKILL'); await up.close(); rmSync(dir, { recursive: true, force: true }) })
+
+  rmSync(secretFile)
+  execFileSync('mkfifo', [secretFile])
+  const refusals = /cos_auth_proxy_credential_reads_refused_total\{reason="not_a_regular_file"\} [1-9]/
+  await until('the refusal to be counted', async () => refusals.test((await send(`${s.admin}/metrics`)).body.toString()))
+  t.equal((await send(`${s.proxy}/denied`)).status, 401, 'an upstream 401 passes through (and asks for a re-read)')
+  t.equal((await send(`${s.proxy}/ok`)).status, 200, 'the next request is served')
+  t.match(up.received.at(-1)?.headers.authorization, /^Bearer AKIDFIFO%2F/, 'signed with the pair in force')
+  t.equal((await send(`${s.admin}/readyz`)).status, 200, 'still ready')
+  t.equal((await send(`${s.admin}/healthz`)).status, 200)
+
+  rmSync(secretFile)
+  writeFileSync(keyFile, 'AKIDNEXT\n')
+  writeFileSync(secretFile, 'next-SeCrEt\n')
+  await until('the next pair to sign', async () => {
+    await send(`${s.proxy}/ok`)
+    return /^Bearer AKIDNEXT%2F/.test(up.received.at(-1)?.headers.authorization ?? '')
+  })
+  const logged = s.lines().map(l => JSON.stringify(l))
+  t.ok(logged.some(l => l.includes('is a FIFO, not a regular file')), 'the refusal is logged')
+  t.notOk(logged.some(l => l.includes('SeCrEt')), 'no secret is')
 })
 
 /** A request that stays in flight until the upstream answers after `delayMs`. */

@@ -76,6 +76,7 @@ t.test('a fresh registry declares every metric with its type; fixed sets start a
     [`${P}response_failures_total`]: 'counter',
     [`${P}tokens_minted_total`]: 'counter',
     [`${P}credential_reloads_total`]: 'counter',
+    [`${P}credential_reads_refused_total`]: 'counter',
     [`${P}credential_last_reload_timestamp_seconds`]: 'gauge',
     [`${P}in_flight_requests`]: 'gauge',
   })
@@ -135,7 +136,7 @@ t.test('labels stay bounded: raw paths, odd methods and odd statuses fold into f
     method: new Set(['GET', 'HEAD', 'POST', 'PUT', 'DELETE', 'CONNECT', 'OPTIONS', 'TRACE', 'PATCH', 'OTHER']),
     status_class: new Set(['1xx', '2xx', '3xx', '4xx', '5xx']),
     kind: new Set(['refused', 'reset', 'timeout', 'tls', 'dns', 'other']),
-    reason: new Set(['connect', 'unauthorized']),
+    reason: new Set(['connect', 'unauthorized', 'not_a_regular_file', 'too_large', 'read_timeout']),
     result: new Set(['applied', 'unchanged', 'rejected']),
     le: new Set([...LATENCY_BUCKETS.map(String), '+Inf']),
   }
@@ -237,6 +238,25 @@ t.test('credential reloads: counted by result; applied and unchanged move the la
   t.equal(value(e, `${P}credential_reloads_total`, { result: 'applied' }), 1)
   t.equal(value(e, `${P}credential_reloads_total`, { result: 'unchanged' }), 1)
   t.equal(value(e, `${P}credential_reloads_total`, { result: 'rejected' }), 2)
+})
+
+t.test('credential files refused unread: counted by reason from a fixed set, and as rejected reloads', async t => {
+  const m = new ProxyMetrics({ defaultMetrics: false })
+  const zero = await scrape(m)
+  for (const reason of ['not_a_regular_file', 'too_large', 'read_timeout']) {
+    t.equal(value(zero, `${P}credential_reads_refused_total`, { reason }), 0, `${reason} shown at 0 before any`)
+  }
+  m.credentialReload('rejected', 'not_a_regular_file')
+  m.credentialReload('rejected', 'not_a_regular_file')
+  m.credentialReload('rejected', 'too_large')
+  m.credentialReload('rejected', 'read_timeout')
+  m.credentialReload('rejected')
+  const e = await scrape(m)
+  t.equal(value(e, `${P}credential_reads_refused_total`, { reason: 'not_a_regular_file' }), 2)
+  t.equal(value(e, `${P}credential_reads_refused_total`, { reason: 'too_large' }), 1)
+  t.equal(value(e, `${P}credential_reads_refused_total`, { reason: 'read_timeout' }), 1)
+  t.equal(find(e, `${P}credential_reads_refused_total`).length, 3, 'three series, whatever happens')
+  t.equal(value(e, `${P}credential_reloads_total`, { result: 'rejected' }), 5, 'each is also a rejected reload')
 })
 
 t.test('default process metrics: present by default, absent when switched off', async t => {

@@ -74,42 +74,47 @@ t.test('a POST is never retried, nor a GET with a body', async t => {
   t.equal(up.connections(), 2)
 })
 
-t.test('after a 401, a changed pair re-signs and resends once; an unchanged pair passes the 401 through', async t => {
+t.test('after a 401, a request signed with a pair replaced meanwhile is re-signed and resent once; otherwise the 401 passes through and a re-read is asked for', async t => {
   const newSecret = 'rotated-SeCrEt-marker'
   const newKey = secretKey(newSecret)
+  const oldMinter = new HeaderMinter(ACCESS_KEY, key, 'url')
+  const store = new CredentialStore(oldMinter)
+  let swapOnArrival = false
   // The API already accepts only the new pair.
   const up = await startUpstream((req, res) => {
+    // The watcher applies the new pair while this request is at the upstream.
+    if (swapOnArrival) { swapOnArrival = false; store.swap(new HeaderMinter('AKIDNEW', newKey, 'url')) }
     const ok = verifyToken((req.headers.authorization ?? '').slice(7), { accessKey: 'AKIDNEW', key: newKey }).ok
     res.statusCode = ok ? 200 : 401
     res.end(ok ? 'new pair' : 'unauthorized')
   })
   const config = testConfig({ COS_API_URL: up.url })
-  const store = new CredentialStore(new HeaderMinter(ACCESS_KEY, key, 'url'))
-  let rotated = false
-  const resync = (): boolean => {
-    if (!rotated) return false
-    return store.swap(new HeaderMinter('AKIDNEW', newKey, 'url'))
-  }
-  const app = await buildProxyServer({ config, credentials: store, logger: createLogger('silent'), resyncCredentials: resync })
+  let resyncs = 0
+  const app = await buildProxyServer({ config, credentials: store, logger: createLogger('silent'), resyncCredentials: () => { resyncs++ } })
   await app.listen({ host: '127.0.0.1', port: 0 })
   const url = `http://127.0.0.1:${(app.server.address() as AddressInfo).port}`
   t.teardown(async () => { await app.close(); await up.close() })
 
   const stale = await send(`${url}/a`)
-  t.equal(stale.status, 401, 'files unchanged: the 401 is the answer')
+  t.equal(stale.status, 401, 'signed with the pair in force: the 401 is the answer')
   t.equal(up.received.length, 1, 'sent once')
+  t.equal(resyncs, 1, 'a background re-read is asked for')
 
-  rotated = true
+  swapOnArrival = true
   const post = await send(`${url}/b`, { method: 'POST', body: 'x' })
   t.equal(post.status, 401, 'a request with a body is not resent')
   t.equal(up.received.length, 2)
+  t.equal(resyncs, 1, 'the pair was replaced already: no re-read asked for')
 
+  store.swap(oldMinter)
+  swapOnArrival = true
   const fixed = await send(`${url}/c`)
   t.equal(fixed.status, 200)
   t.equal(fixed.body.toString(), 'new pair')
   t.equal(up.received.length, 4, 'the 401 and the re-signed resend')
   const parsed = parseToken((up.received[3]?.headers.authorization ?? '').slice(7))
   t.equal(parsed.ok && parsed.fields.accessKey, 'AKIDNEW')
+  t.equal(resyncs, 1)
 })
 
 t.test('long responses are not cut while bytes flow; a body that stalls past COS_BODY_IDLE_TIMEOUT_MS is', async t => {

@@ -1,21 +1,29 @@
 // Key rotation without a dropped request: the CredentialWatcher against real
 // files (the exact Kubernetes Secret layout and plain in-place rewrites), then
-// the real proxy under steady load across rotations.
+// the real proxy under steady load across rotations. Then what an operator
+// can put at a credential or TLS path by mistake (a FIFO, a directory, a
+// device, a huge file, a file system that stops answering): none may block
+// the event loop, wedge the watcher or be read whole; what is in force stays.
+import { execFileSync } from 'node:child_process'
 import { randomBytes, type KeyObject } from 'node:crypto'
-import { existsSync, mkdirSync, mkdtempSync, renameSync, rmSync, symlinkSync, unlinkSync, writeFileSync } from 'node:fs'
+import { closeSync, constants, copyFileSync, existsSync, mkdirSync, mkdtempSync, openSync, renameSync, rmSync, symlinkSync, truncateSync, unlinkSync, writeFileSync } from 'node:fs'
+import { open, type FileHandle } from 'node:fs/promises'
 import { Agent, request as httpRequest } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
 import t, { type Test } from 'tap'
-import { loadConfig, type Config } from '../src/config.js'
+import { readBoundedFile, readBoundedFileSync, type FileRead } from '../src/bounded-file.js'
+import { ConfigError, loadConfig, type Config } from '../src/config.js'
 import { CredentialWatcher, type ReloadOutcome } from '../src/credential-watcher.js'
-import { CredentialStore, readPair, readPairSync, type PairResult } from '../src/credentials.js'
+import { CREDENTIAL_FILE_MAX_BYTES, CredentialStore } from '../src/credentials.js'
 import { createLogger } from '../src/logger.js'
 import { buildProxyServer } from '../src/server.js'
 import { HeaderMinter, parseToken, secretKey, verifyToken } from '../src/token.js'
+import { readTlsMaterial, TLS_FILE_MAX_BYTES, Upstreams } from '../src/upstream.js'
 import { LogCapture, json, send, startUpstream } from './helpers.js'
+import { makePki } from './tls-fixtures.js'
 
 const tmp = mkdtempSync(join(tmpdir(), 'cos-rotation-'))
 t.teardown(() => { rmSync(tmp, { recursive: true, force: true }) })
@@ -96,6 +104,18 @@ function writeInPlace (f: Files, p: Pair): void {
   writeFileSync(f.secretFile, p.secret + '\n')
 }
 
+/**
+ * Symlinks into a directory the watcher does not watch: rewriting the real
+ * files makes no event where it looks, so only a re-read finds the change.
+ */
+function unwatchedFiles (name: string): { readonly real: Files, readonly linked: Files } {
+  const real = plainFiles(join(tmp, name, 'real'))
+  const linked = plainFiles(join(tmp, name, 'linked'))
+  symlinkSync(real.keyFile, linked.keyFile)
+  symlinkSync(real.secretFile, linked.secretFile)
+  return { real, linked }
+}
+
 function fileConfig (f: Files, env: Record<string, string> = {}): Config {
   return loadConfig({
     env: { COS_API_URL: 'http://127.0.0.1:1', COS_ACCESS_KEY_FILE: f.keyFile, COS_ACCESS_KEY_SECRET_FILE: f.secretFile, COS_LISTEN_PORT: '0', ...env },
@@ -111,7 +131,7 @@ interface Watched {
   readonly mixed: ReloadOutcome[]
 }
 
-function watcherFor (t: Test, config: Config, reloadMs = config.credentialsReloadMs, store = new CredentialStore()): Watched {
+function watcherFor (t: Test, config: Config, reloadMs = config.credentialsReloadMs, store = new CredentialStore(), readTimeoutMs?: number): Watched {
   const outcomes: ReloadOutcome[] = []
   const mixed: ReloadOutcome[] = []
   const watcher = new CredentialWatcher({
@@ -119,6 +139,7 @@ function watcherFor (t: Test, config: Config, reloadMs = config.credentialsReloa
     encoding: config.tokenEncoding,
     store,
     reloadMs,
+    ...(readTimeoutMs === undefined ? {} : { readTimeoutMs }),
     logger,
     onOutcome: o => {
       outcomes.push(o)
@@ -132,23 +153,6 @@ function watcherFor (t: Test, config: Config, reloadMs = config.credentialsReloa
 function after (outcomes: readonly ReloadOutcome[], from: number, pred: (o: ReloadOutcome) => boolean): boolean {
   return outcomes.slice(from).some(pred)
 }
-
-t.test('readPairSync gives what readPair gives', async t => {
-  const files = plainFiles(join(tmp, 'sync-parity'))
-  const config = fileConfig(files)
-  const p = newPair()
-  const shape = (r: PairResult): unknown => r.ok ? { ok: true, accessKey: r.accessKey, secretMatches: r.key.equals(p.hmac) } : r
-  const states: [string, () => void][] = [
-    ['missing', () => undefined],
-    ['valid', () => { writeInPlace(files, p) }],
-    ['empty secret', () => { writeFileSync(files.secretFile, '\n') }],
-    ['invalid key', () => { writeInPlace(files, p); writeFileSync(files.keyFile, 'a/b') }],
-  ]
-  for (const [name, setUp] of states) {
-    setUp()
-    t.same(shape(readPairSync(config.credentials, 'url')), shape(await readPair(config.credentials, 'url')), name)
-  }
-})
 
 t.test('watcher', async t => {
   t.test('Kubernetes ..data swap: each new pair is applied within 2 s by the directory watch alone', async t => {
@@ -261,20 +265,27 @@ t.test('watcher', async t => {
     t.same(await watcher.reload(), { result: 'unchanged' })
   })
 
-  t.test('reloadSync applies a changed pair at once and refuses an invalid one', async t => {
-    const files = plainFiles(join(tmp, 'sync'))
+  t.test('nudge() re-reads in the background at most once per 250 ms and applies a pair no event announced', async t => {
+    const { real, linked } = unwatchedFiles('nudge')
     const first = newPair()
-    writeInPlace(files, first)
-    const { watcher, store } = watcherFor(t, fileConfig(files), 60_000)
+    writeInPlace(real, first)
+    // A 60 s period: only a nudge can find the change within the test.
+    const { watcher, store, outcomes } = watcherFor(t, fileConfig(linked), 60_000)
     await watcher.start()
     const second = newPair()
-    writeInPlace(files, second)
-    t.same(watcher.reloadSync(), { result: 'applied', accessKey: second.key })
-    t.ok(inForce(store, second), 'in force before any event is handled')
-    t.same(watcher.reloadSync(), { result: 'unchanged' })
-    writeFileSync(files.secretFile, '  \n')
-    t.match(watcher.reloadSync(), { result: 'rejected', variable: 'COS_ACCESS_KEY_SECRET_FILE', problem: /is empty/ })
-    t.ok(inForce(store, second), 'the pair in force stays')
+    writeInPlace(real, second)
+    await sleep(100)
+    t.ok(inForce(store, first), 'no event where the watcher looks: the change is not seen by itself')
+    const before = outcomes.length
+    for (let i = 0; i < 50; i++) watcher.nudge()
+    t.ok(inForce(store, first), 'nudge() returns before anything is read')
+    t.ok(await until(() => inForce(store, second)), 'applied after the nudges')
+    await sleep(100)
+    t.same(outcomes.slice(before), [{ result: 'applied', accessKey: second.key }], 'fifty nudges at once: one reload')
+    await sleep(250)
+    watcher.nudge()
+    t.ok(await until(() => outcomes.length > before + 1), 'a nudge 250 ms later reads again')
+    t.same(outcomes.slice(before + 1), [{ result: 'unchanged' }])
   })
 
   t.test('reload() coalesces: calls during a read share one follow-up read', async t => {
@@ -306,7 +317,8 @@ t.test('watcher', async t => {
     t.equal(outcomes.length, count, 'no outcomes after close')
     t.ok(inForce(store, first), 'nothing applied after close')
     t.same(await watcher.reload(), { result: 'unchanged' })
-    t.same(watcher.reloadSync(), { result: 'unchanged' })
+    watcher.nudge()
+    await sleep(50)
     t.equal(outcomes.length, count)
   })
 })
@@ -391,6 +403,45 @@ t.test('through the proxy: steady load across three ..data rotations, no failed 
   t.comment(`${ok} requests through 3 rotations`)
 })
 
+t.test('through the proxy: a 401 after a rotation the watcher has not seen starts a background re-read; a request in flight across the swap is resent once with the new pair', async t => {
+  const { real, linked } = unwatchedFiles('proxy-401')
+  const old = newPair()
+  const next = newPair()
+  writeInPlace(real, old)
+  let accepted = old
+  const { watcher, store } = watcherFor(t, fileConfig(linked), 60_000)
+  const upstream = await startUpstream((req, res, received) => {
+    const ok = verifyToken(received.headers.authorization ?? '', { accessKey: accepted.key, key: accepted.hmac }).ok
+    const answer = (): void => { res.statusCode = ok ? 200 : 401; res.end(ok ? 'ok' : 'unauthorized') }
+    // Held at the upstream until the proxy has the new pair in force.
+    if (req.url === '/in-flight' && !ok) void until(() => inForce(store, next)).then(answer)
+    else answer()
+  })
+  const config = fileConfig(linked, { COS_API_URL: upstream.url })
+  const app = await buildProxyServer({ config, credentials: store, logger, resyncCredentials: () => { watcher.nudge() } })
+  await watcher.start()
+  await app.listen({ host: '127.0.0.1', port: 0 })
+  const url = `http://127.0.0.1:${(app.server.address() as AddressInfo).port}`
+  t.teardown(async () => { await app.close(); await upstream.close() })
+
+  t.equal((await send(`${url}/before`)).status, 200)
+  // The key is rotated and the old one revoked; the watcher sees no event.
+  writeInPlace(real, next)
+  accepted = next
+  const inFlight = send(`${url}/in-flight`)
+  t.ok(await until(() => upstream.received.length === 2), 'the request is at the upstream, signed with the old pair')
+  const first = await send(`${url}/first-401`)
+  t.equal(first.status, 401, 'the first 401 after the rotation passes through: nothing is read while it waits')
+  t.ok(await until(() => inForce(store, next)), 'it started a re-read that applied the new pair')
+  const resent = await inFlight
+  t.equal(resent.status, 200, 'the request in flight across the swap is resent with the new pair')
+  t.equal(resent.body.toString(), 'ok')
+  t.equal((await send(`${url}/after`)).status, 200)
+  t.same(upstream.received.map(r => r.url), ['/before', '/in-flight', '/first-401', '/in-flight', '/after'], 'one resend, nothing else')
+  const signers = upstream.received.map(r => parseToken(r.headers.authorization ?? '')).map(p => p.ok ? p.fields.accessKey : '')
+  t.same(signers, [old.key, old.key, old.key, next.key, next.key])
+})
+
 t.test('through the proxy: files missing at start give 503 credentials_unavailable until they appear', async t => {
   const k8s = new K8sSecret(join(tmp, 'proxy-missing', 'secret'))
   const upstream = await startUpstream()
@@ -420,6 +471,206 @@ t.test('through the proxy: files missing at start give 503 credentials_unavailab
   t.equal(upstream.received.length, 1)
   const auth = upstream.received[0]?.headers.authorization ?? ''
   t.ok(verifyToken(auth, { accessKey: p.key, key: p.hmac }).ok, 'signed with the pair that appeared')
+})
+
+// ── files that are not what they should be ──────────────────────────────────
+
+/** Node has no mkfifo. Replaces whatever is at `path`. */
+function mkfifo (path: string): void {
+  rmSync(path, { recursive: true, force: true })
+  execFileSync('mkfifo', [path])
+}
+
+/** Replaces both files, whatever is at the paths now (writing into a FIFO would block the test). */
+function replaceFiles (f: Files, p: Pair): void {
+  for (const path of [f.keyFile, f.secretFile]) rmSync(path, { recursive: true, force: true })
+  writeInPlace(f, p)
+}
+
+/** Counts 10 ms setInterval ticks: a blocked event loop counts none. */
+function ticker (t: Test): () => number {
+  let ticks = 0
+  const timer = setInterval(() => { ticks++ }, 10)
+  t.teardown(() => { clearInterval(timer) })
+  return () => ticks
+}
+
+const refusedAs = (refusal: string, variable: string, problem: RegExp) => (o: ReloadOutcome): boolean =>
+  o.result === 'rejected' && o.refusal === refusal && o.variable === variable && problem.test(o.problem)
+
+/** A watcher over plain files in `name`, started with a first pair in force. */
+async function watching (t: Test, name: string, opts: { readonly reloadMs?: number, readonly readTimeoutMs?: number, readonly env?: Record<string, string> } = {}): Promise<Watched & { readonly files: Files, readonly config: Config, readonly old: Pair }> {
+  const files = plainFiles(join(tmp, name))
+  const old = newPair()
+  writeInPlace(files, old)
+  const config = fileConfig(files, opts.env)
+  const w = watcherFor(t, config, opts.reloadMs ?? 50, new CredentialStore(), opts.readTimeoutMs)
+  t.same(await w.watcher.start(), { result: 'applied', accessKey: old.key })
+  return { ...w, files, config, old }
+}
+
+/** The pair in force stayed; a valid new pair written in place of whatever is there is applied. */
+async function rotationStillWorks (t: Test, w: Watched & { readonly files: Files, readonly old: Pair }): Promise<void> {
+  t.ok(inForce(w.store, w.old), 'the pair in force stayed')
+  const next = newPair()
+  replaceFiles(w.files, next)
+  t.ok(await until(() => inForce(w.store, next)), 'a valid new pair written in its place is applied within 2 s')
+}
+
+t.test('a FIFO in place of the secret file cannot block the event loop or stop rotation', async t => {
+  // Every request to /denied gets 401: each asks for a re-read.
+  const upstream = await startUpstream((req, res) => { res.statusCode = req.url === '/denied' ? 401 : 200; res.end() })
+  const w = await watching(t, 'fifo', { env: { COS_API_URL: upstream.url } })
+  // Wired as serve() wires it.
+  const app = await buildProxyServer({ config: w.config, credentials: w.store, logger, resyncCredentials: () => { w.watcher.nudge() } })
+  await app.listen({ host: '127.0.0.1', port: 0 })
+  const url = `http://127.0.0.1:${(app.server.address() as AddressInfo).port}`
+  t.teardown(async () => { await app.close(); await upstream.close() })
+
+  mkfifo(w.files.secretFile)
+  const ticks = ticker(t)
+  const statuses: number[] = []
+  const deadline = Date.now() + 300 // past the 250 ms nudge interval: several 401s ask for a re-read
+  while (Date.now() < deadline || statuses.length < 20) {
+    statuses.push((await send(`${url}/denied`)).status, (await send(`${url}/ok`)).status)
+    await sleep(5)
+  }
+  t.same([...new Set(statuses)].sort(), [200, 401], `all ${statuses.length} requests answered: the 401s passed through`)
+  const signers = new Set(upstream.received.map(r => parseToken(r.headers.authorization ?? '')).map(p => p.ok ? p.fields.accessKey : ''))
+  t.same([...signers], [w.old.key], 'every one signed with the pair in force')
+  t.ok(ticks() >= 5, `a 10 ms interval kept firing (${ticks()} ticks)`)
+  t.ok(w.outcomes.some(refusedAs('not_a_regular_file', 'COS_ACCESS_KEY_SECRET_FILE', /is a FIFO, not a regular file/)), 'refused as a FIFO')
+  t.ok(logs.records.some(r => r.level === 'error' && typeof r.problem === 'string' && r.problem.includes('is a FIFO')), 'logged with its problem')
+  await rotationStillWorks(t, w)
+})
+
+t.test('a FIFO at start-up: start() resolves rejected, no pair is in force (readiness 503), then valid files are applied', async t => {
+  const files = plainFiles(join(tmp, 'fifo-at-start'))
+  writeFileSync(files.keyFile, 'AKIDSTART\n')
+  mkfifo(files.secretFile)
+  const { watcher, store } = watcherFor(t, fileConfig(files), 50)
+  t.match(await watcher.start(), { result: 'rejected', refusal: 'not_a_regular_file', variable: 'COS_ACCESS_KEY_SECRET_FILE' })
+  t.equal(store.current, undefined)
+  const p = newPair()
+  replaceFiles(files, p)
+  t.ok(await until(() => inForce(store, p)), 'applied within 2 s')
+})
+
+t.test('an oversized secret file is refused without reading it whole', async t => {
+  t.test('the reader stops one byte past the bound, whatever the size', async t => {
+    const huge = join(tmp, 'sparse-8g')
+    writeFileSync(huge, 'x')
+    truncateSync(huge, 8 * 1024 ** 3) // sparse: 8 GiB of nothing, cheap to make
+    const before = process.memoryUsage().arrayBuffers
+    const results: [string, FileRead][] = [['async', await readBoundedFile(huge, 4096)], ['sync', readBoundedFileSync(huge, 4096)]]
+    for (const [name, r] of results) t.same(r, { ok: false, refusal: 'too_large', problem: `${JSON.stringify(huge)} is larger than 4096 bytes` }, name)
+    t.ok(process.memoryUsage().arrayBuffers - before < 1024 * 1024, 'nothing near the file\'s size was allocated')
+
+    const limit = join(tmp, 'limit')
+    writeFileSync(limit, 'a'.repeat(4096))
+    t.same(await readBoundedFile(limit, 4096), { ok: true, text: 'a'.repeat(4096) }, 'exactly the bound is read')
+    t.match(await readBoundedFile(limit, 4095), { ok: false, refusal: 'too_large' }, 'one byte over is refused')
+  })
+
+  t.test('an 80 MB secret file: refused, the pair in force stays, rotation goes on', async t => {
+    const w = await watching(t, 'huge')
+    const intruder = newPair()
+    writeFileSync(w.files.secretFile, intruder.secret)
+    truncateSync(w.files.secretFile, 80 * 1024 * 1024)
+    const tooLarge = refusedAs('too_large', 'COS_ACCESS_KEY_SECRET_FILE', new RegExp(`larger than ${CREDENTIAL_FILE_MAX_BYTES} bytes`))
+    t.ok(await until(() => w.outcomes.some(tooLarge)), 'refused as too large')
+    const from = w.outcomes.length
+    writeFileSync(w.files.secretFile, intruder.secret + ' '.repeat(CREDENTIAL_FILE_MAX_BYTES))
+    t.ok(await until(() => after(w.outcomes, from, tooLarge)), 'a secret padded with whitespace past the bound is refused too')
+    await rotationStillWorks(t, w)
+  })
+})
+
+t.test('a directory or a symlink to /dev/zero in place of a credential file is refused', async t => {
+  t.ok(existsSync('/dev/zero'))
+  const w = await watching(t, 'not-regular')
+  const { keyFile, secretFile } = w.files
+  const cases: [string, () => void, string, RegExp][] = [
+    ['a directory as the key file', () => { rmSync(keyFile); mkdirSync(keyFile) }, 'COS_ACCESS_KEY_FILE', /is a directory, not a regular file/],
+    ['a symlink to /dev/zero as the secret file', () => { replaceFiles(w.files, w.old); rmSync(secretFile); symlinkSync('/dev/zero', secretFile) }, 'COS_ACCESS_KEY_SECRET_FILE', /is a device, not a regular file/],
+  ]
+  for (const [name, place, variable, problem] of cases) {
+    const from = w.outcomes.length
+    place()
+    t.ok(await until(() => after(w.outcomes, from, refusedAs('not_a_regular_file', variable, problem))), `${name}: refused`)
+    t.ok(inForce(w.store, w.old), `${name}: the pair in force stays`)
+  }
+  await rotationStillWorks(t, w)
+})
+
+t.test('a credential read that never ends cannot wedge the watcher', async t => {
+  const w = await watching(t, 'stuck', { reloadMs: 100, readTimeoutMs: 200 })
+  // Every libuv thread blocked in open() on a FIFO nobody writes to: the
+  // watcher's next read queues behind them and does not end by itself, as on
+  // a hung network file system.
+  const threads = Number(process.env.UV_THREADPOOL_SIZE ?? 4)
+  const fifos = Array.from({ length: threads }, (_, i) => join(tmp, 'stuck', `blocker-${i}`))
+  for (const f of fifos) mkfifo(f)
+  const blocked: Promise<FileHandle>[] = fifos.map(f => open(f, 'r'))
+  let released = false
+  const release = async (): Promise<void> => {
+    if (released) return
+    released = true
+    // A writer end lets each blocked open() return.
+    const writers = fifos.map(f => openSync(f, constants.O_WRONLY | constants.O_NONBLOCK))
+    for (const handle of await Promise.all(blocked)) await handle.close()
+    for (const fd of writers) closeSync(fd)
+  }
+  t.teardown(release)
+  await sleep(50) // the threads take the opens up
+
+  const ticks = ticker(t)
+  const from = w.outcomes.length
+  const timedOut = refusedAs('read_timeout', 'COS_ACCESS_KEY_FILE and COS_ACCESS_KEY_SECRET_FILE', /could not be read within 200 ms/)
+  t.ok(await until(() => after(w.outcomes, from, timedOut)), 'reported as a read that did not end in time')
+  const stuckAt = w.outcomes.length
+  t.ok(await until(() => w.outcomes.length >= stuckAt + 3), 'the periodic re-reads go on reporting rather than waiting')
+  t.ok(w.outcomes.slice(stuckAt).every(timedOut), 'without starting more reads behind the stuck one')
+  t.ok(ticks() >= 5, `the event loop kept turning (${ticks()} ticks)`)
+
+  await release()
+  await rotationStillWorks(t, w)
+})
+
+t.test('a FIFO or an oversized file at a TLS path is refused without blocking: a ConfigError at start, the previous material kept on a re-read', async t => {
+  const pki = makePki()
+  t.teardown(() => { pki.cleanup() })
+  const fifo = join(tmp, 'ca-fifo.pem')
+  mkfifo(fifo)
+  const huge = join(tmp, 'ca-huge.pem')
+  copyFileSync(pki.caFile, huge)
+  truncateSync(huge, TLS_FILE_MAX_BYTES + 1)
+  const atStart: [string, Config['tls'], string, RegExp][] = [
+    ['a FIFO as COS_CA_FILE', { caFile: fifo }, 'COS_CA_FILE', /is a FIFO, not a regular file/],
+    ['a FIFO as COS_CLIENT_KEY_FILE', { clientCertFile: pki.clientCertFile, clientKeyFile: fifo }, 'COS_CLIENT_KEY_FILE', /is a FIFO/],
+    ['a directory as COS_CLIENT_CERT_FILE', { clientCertFile: tmp, clientKeyFile: pki.clientKeyFile }, 'COS_CLIENT_CERT_FILE', /is a directory/],
+    ['a CA bundle past 1 MiB', { caFile: huge }, 'COS_CA_FILE', /is larger than 1048576 bytes/],
+  ]
+  for (const [name, tls, variable, problem] of atStart) {
+    t.throws(() => readTlsMaterial(tls), ConfigError, name)
+    t.throws(() => readTlsMaterial(tls), { variable, message: problem }, name)
+  }
+
+  const caFile = join(tmp, 'ca-rotating.pem')
+  copyFileSync(pki.caFile, caFile)
+  const upstreams = new Upstreams({ connectTimeoutMs: 1000, headersTimeoutMs: 1000, bodyIdleTimeoutMs: 1000, tls: { caFile }, logger })
+  upstreams.watch(20)
+  t.teardown(() => upstreams.close())
+  const ticks = ticker(t)
+  const lines = logs.lines.length
+  const logged = (msg: string): boolean => logs.records.slice(lines).some(r => r.msg === msg)
+  mkfifo(caFile)
+  t.ok(await until(() => logged('TLS files changed but cannot be used; keeping the previous ones')), 'a FIFO on a re-read: refused, the previous material kept')
+  await sleep(100) // more polls find the FIFO
+  t.ok(ticks() >= 3, `the event loop kept turning (${ticks()} ticks)`)
+  rmSync(caFile)
+  copyFileSync(pki.otherCaFile, caFile)
+  t.ok(await until(() => logged('TLS files changed: new upstream connections use them')), 'a valid bundle in its place is used')
 })
 
 t.test('logs over all of the above: pairs applied and refused are logged, no secret ever is', async t => {

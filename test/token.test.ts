@@ -707,6 +707,18 @@ t.test('HeaderMinter', t => {
     t.end()
   })
 
+  t.test('signed tells the headers it minted from those of another pair, in both encodings', t => {
+    for (const encoding of TOKEN_ENCODINGS) {
+      const m = new HeaderMinter('ak demo', secretKey('secret'), encoding)
+      t.ok(m.signed(m.next()), `${encoding}: its own header`)
+      t.ok(m.signed(new HeaderMinter('ak demo', secretKey('secret'), 'url').next()), `${encoding}: the same pair, minted elsewhere`)
+      t.notOk(m.signed(new HeaderMinter('ak demo', secretKey('secret2'), encoding).next()), `${encoding}: same key, another secret`)
+      t.notOk(m.signed(new HeaderMinter('ak2', secretKey('secret'), encoding).next()), `${encoding}: another key`)
+      t.notOk(m.signed(''), `${encoding}: nothing`)
+    }
+    t.end()
+  })
+
   t.test('next() verifies, for both encodings and access keys that need escaping', t => {
     for (const accessKey of ['AKIDEXAMPLE', 'ak demo', 'ak+demo', 'ключ~é 1+2=3&x']) {
       for (const encoding of TOKEN_ENCODINGS) {
