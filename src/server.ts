@@ -192,6 +192,7 @@ export function upstreamsFor (config: Config, logger: FastifyBaseLogger): Upstre
     headersTimeoutMs: config.upstreamTimeoutMs,
     bodyIdleTimeoutMs: config.bodyIdleTimeoutMs,
     tls: config.tls,
+    egress: config.egress,
     logger,
   })
 }
@@ -290,6 +291,12 @@ export async function buildProxyServer (opts: ProxyServerOptions): Promise<Fasti
 function exitAfterFlush (logger: Logger, code: number): void {
   setTimeout(() => process.exit(code), 1000).unref()
   logger.flush(() => process.exit(code))
+}
+
+/** For the start line: the egress proxy a route goes through, password redacted. */
+function egressOf (upstreams: Upstreams, origin: string): { egressProxy?: string } {
+  const proxy = upstreams.egressProxyFor(origin)
+  return proxy === undefined ? {} : { egressProxy: proxy.url }
 }
 
 function isLoopback (host: string): boolean {
@@ -424,7 +431,7 @@ export async function serve (opts: ServeOptions): Promise<void> {
     port: address.port,
     admin: { address: adminAddress.address, port: adminAddress.port },
     accessKey: store.current?.accessKey ?? null,
-    routes: config.routes.map(r => ({ name: r.name, prefix: r.prefix === '' ? '/' : r.prefix, upstream: r.url })),
+    routes: config.routes.map(r => ({ name: r.name, prefix: r.prefix === '' ? '/' : r.prefix, upstream: r.url, ...egressOf(upstreams, r.origin) })),
   }, 'cos-auth-proxy listening')
   opts.onListening?.(address)
 }

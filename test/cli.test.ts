@@ -5,6 +5,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import t from 'tap'
+import { startForwardProxy } from './forward-proxy.js'
 import { ACCESS_KEY, SECRET, json, send, startUpstream } from './helpers.js'
 
 const CLI = fileURLToPath(new URL('../dist/cli.js', import.meta.url))
@@ -191,4 +192,43 @@ t.test('demo needs no configuration and serves the sample routes through the pro
   t.match(daemon.stderr(), /curl -s http:\/\/127\.0\.0\.1:\d+\/management\/v1\/clusters/)
   daemon.child.kill('SIGINT')
   t.equal(await daemon.exited, 0)
+})
+
+t.test('the egress proxy password never appears in the start line, error bodies, metrics or `config`; the start line shows it redacted', async t => {
+  const password = 'EgReSs-PaSs-marker'
+  const egress = await startForwardProxy({ credentials: { user: 'egress-user', password } })
+  const up = await startUpstream()
+  t.teardown(async () => { await egress.close(); await up.close() })
+  const env = { ...CREDS, COS_API_URL: `http://cos-api.invalid:${new URL(up.url).port}`, HTTP_PROXY: `http://egress-user:${password}@127.0.0.1:${egress.port}`, COS_LOG_LEVEL: 'debug' }
+  const shown = `http://egress-user:[redacted]@127.0.0.1:${egress.port}`
+
+  const config = await run(['config'], env)
+  t.equal(config.code, 0)
+  t.match(JSON.parse(config.stdout), { egress: { http: { variable: 'HTTP_PROXY', address: `http://127.0.0.1:${egress.port}`, url: shown, authorization: '[redacted]' }, noProxy: [] } })
+
+  const { daemon, match } = await start(['serve'], env, /[^\n]*cos-auth-proxy listening[^\n]*/)
+  t.teardown(() => daemon.child.kill('SIGKILL'))
+  const listening = JSON.parse(match[0]) as { port: number, admin: { port: number }, routes: unknown[] }
+  t.same(listening.routes, [{ name: 'api', prefix: '/', upstream: `${env.COS_API_URL}/`, egressProxy: shown }], 'the route names its egress proxy, redacted')
+  const ok = await send(`http://127.0.0.1:${listening.port}/x`)
+  t.equal(ok.status, 200, 'through the egress proxy, with its credentials, from the real environment')
+  t.equal(egress.saw[0]?.headers['proxy-authorization'], `Basic ${Buffer.from(`egress-user:${password}`).toString('base64')}`)
+  await egress.close()
+  const failed = await send(`http://127.0.0.1:${listening.port}/x`)
+  t.equal(failed.status, 502)
+  t.same(json(failed), { error: { code: 'upstream_unavailable', message: `the egress proxy http://127.0.0.1:${egress.port} could not be reached` } })
+  const metrics = await send(`http://127.0.0.1:${listening.admin.port}/metrics`)
+  t.equal(metrics.status, 200)
+  daemon.child.kill('SIGTERM')
+  t.equal(await daemon.exited, 0)
+  const everything = [config.stdout, config.stderr, daemon.stdout(), daemon.stderr(), ok.body.toString(), failed.body.toString(), metrics.body.toString()].join('\n')
+  t.notOk(everything.includes(password), 'the password is nowhere')
+  t.notOk(everything.includes(Buffer.from(`egress-user:${password}`).toString('base64')), 'nor its Basic form')
+})
+
+t.test('a malformed HTTPS_PROXY exits 78 naming the variable, without echoing its credentials', async t => {
+  const r = await run(['serve'], { ...CREDS, COS_API_URL: 'https://api.example.com', HTTPS_PROXY: 'socks5://user:pw-marker@proxy.example.com:1080' })
+  t.equal(r.code, 78)
+  t.equal(r.stderr.trim(), 'cos-auth-proxy: config: HTTPS_PROXY must be an http:// or https:// proxy URL (got "socks5")')
+  t.equal(r.stdout, '')
 })
