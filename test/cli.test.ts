@@ -1,61 +1,7 @@
 // The CLI as users run it: the built dist/cli.js in a child process.
-import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process'
-import { mkdtempSync, rmSync } from 'node:fs'
-import { tmpdir } from 'node:os'
-import { join } from 'node:path'
-import { fileURLToPath } from 'node:url'
 import t from 'tap'
-import { startForwardProxy } from './forward-proxy.js'
+import { CREDS, run, start } from './cli-process.js'
 import { ACCESS_KEY, SECRET, json, send, startUpstream } from './helpers.js'
-
-const CLI = fileURLToPath(new URL('../dist/cli.js', import.meta.url))
-// An empty working directory, so no stray .env is read.
-const CWD = mkdtempSync(join(tmpdir(), 'cos-cli-'))
-t.teardown(() => rmSync(CWD, { recursive: true, force: true }))
-
-const CREDS = { COS_ACCESS_KEY: ACCESS_KEY, COS_ACCESS_KEY_SECRET: SECRET }
-
-function childEnv (env: Record<string, string>): NodeJS.ProcessEnv {
-  // Ephemeral admin port: test files run in parallel.
-  return { PATH: process.env.PATH, COS_ADMIN_PORT: '0', ...env }
-}
-
-interface Result { code: number | null, stdout: string, stderr: string }
-
-function run (args: string[], env: Record<string, string>): Promise<Result> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [CLI, ...args], { cwd: CWD, env: childEnv(env), stdio: ['ignore', 'pipe', 'pipe'] })
-    let stdout = ''
-    let stderr = ''
-    child.stdout.on('data', (d: Buffer) => { stdout += d.toString() })
-    child.stderr.on('data', (d: Buffer) => { stderr += d.toString() })
-    const timer = setTimeout(() => child.kill('SIGKILL'), 15_000)
-    child.on('error', reject)
-    child.on('close', code => { clearTimeout(timer); resolve({ code, stdout, stderr }) })
-  })
-}
-
-interface Daemon { child: ChildProcessWithoutNullStreams, stdout: () => string, stderr: () => string, exited: Promise<number | null> }
-
-/** Starts a long-running command and waits until `ready` matches its output. */
-async function start (args: string[], env: Record<string, string>, ready: RegExp): Promise<{ daemon: Daemon, match: RegExpMatchArray }> {
-  const child = spawn(process.execPath, [CLI, ...args], { cwd: CWD, env: childEnv(env) })
-  let out = ''
-  let err = ''
-  const exited = new Promise<number | null>(resolve => child.on('close', code => resolve(code)))
-  const daemon = { child, stdout: () => out, stderr: () => err, exited }
-  const match = await new Promise<RegExpMatchArray>((resolve, reject) => {
-    const timer = setTimeout(() => { child.kill('SIGKILL'); reject(new Error(`not ready: ${out}${err}`)) }, 15_000)
-    const check = (): void => {
-      const m = (out + err).match(ready)
-      if (m) { clearTimeout(timer); resolve(m) }
-    }
-    child.stdout.on('data', (d: Buffer) => { out += d.toString(); check() })
-    child.stderr.on('data', (d: Buffer) => { err += d.toString(); check() })
-    void exited.then(code => { clearTimeout(timer); reject(new Error(`exited ${code}: ${out}${err}`)) })
-  })
-  return { daemon, match }
-}
 
 const VECTOR = { args: ['--timestamp', '1700000000000000000', '--nonce', '0123456789abcdef0123456789abcdef'], env: { COS_ACCESS_KEY: 'AKIDEXAMPLE', COS_ACCESS_KEY_SECRET: 'wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY' } }
 
@@ -128,6 +74,7 @@ t.test('a bad config exits 78 with one line naming the variable', async t => {
     [['serve'], { ...CREDS, COS_API_URL: 'http://127.0.0.1:1', COS_CA_FILE: '/nonexistent/ca.pem' }, /COS_CA_FILE cannot read/],
     [['config'], { ...CREDS, COS_API_URL: 'http://127.0.0.1:1', COS_TOKEN_ENCODING: 'hex' }, /COS_TOKEN_ENCODING/],
     [['token'], { COS_ACCESS_KEY_SECRET: SECRET }, /COS_ACCESS_KEY_FILE/],
+    [['serve'], { ...CREDS, COS_API_URL: 'https://api.example.com', HTTPS_PROXY: `socks5://user:${encodeURIComponent(SECRET)}@proxy.example.com:1080` }, /HTTPS_PROXY must be an http:\/\/ or https:\/\/ proxy URL \(got "socks5"\)$/m],
   ]
   for (const [args, env, variable] of cases) {
     const r = await run(args, env)
@@ -192,43 +139,4 @@ t.test('demo needs no configuration and serves the sample routes through the pro
   t.match(daemon.stderr(), /curl -s http:\/\/127\.0\.0\.1:\d+\/management\/v1\/clusters/)
   daemon.child.kill('SIGINT')
   t.equal(await daemon.exited, 0)
-})
-
-t.test('the egress proxy password never appears in the start line, error bodies, metrics or `config`; the start line shows it redacted', async t => {
-  const password = 'EgReSs-PaSs-marker'
-  const egress = await startForwardProxy({ credentials: { user: 'egress-user', password } })
-  const up = await startUpstream()
-  t.teardown(async () => { await egress.close(); await up.close() })
-  const env = { ...CREDS, COS_API_URL: `http://cos-api.invalid:${new URL(up.url).port}`, HTTP_PROXY: `http://egress-user:${password}@127.0.0.1:${egress.port}`, COS_LOG_LEVEL: 'debug' }
-  const shown = `http://egress-user:[redacted]@127.0.0.1:${egress.port}`
-
-  const config = await run(['config'], env)
-  t.equal(config.code, 0)
-  t.match(JSON.parse(config.stdout), { egress: { http: { variable: 'HTTP_PROXY', address: `http://127.0.0.1:${egress.port}`, url: shown, authorization: '[redacted]' }, noProxy: [] } })
-
-  const { daemon, match } = await start(['serve'], env, /[^\n]*cos-auth-proxy listening[^\n]*/)
-  t.teardown(() => daemon.child.kill('SIGKILL'))
-  const listening = JSON.parse(match[0]) as { port: number, admin: { port: number }, routes: unknown[] }
-  t.same(listening.routes, [{ name: 'api', prefix: '/', upstream: `${env.COS_API_URL}/`, egressProxy: shown }], 'the route names its egress proxy, redacted')
-  const ok = await send(`http://127.0.0.1:${listening.port}/x`)
-  t.equal(ok.status, 200, 'through the egress proxy, with its credentials, from the real environment')
-  t.equal(egress.saw[0]?.headers['proxy-authorization'], `Basic ${Buffer.from(`egress-user:${password}`).toString('base64')}`)
-  await egress.close()
-  const failed = await send(`http://127.0.0.1:${listening.port}/x`)
-  t.equal(failed.status, 502)
-  t.same(json(failed), { error: { code: 'upstream_unavailable', message: `the egress proxy http://127.0.0.1:${egress.port} could not be reached` } })
-  const metrics = await send(`http://127.0.0.1:${listening.admin.port}/metrics`)
-  t.equal(metrics.status, 200)
-  daemon.child.kill('SIGTERM')
-  t.equal(await daemon.exited, 0)
-  const everything = [config.stdout, config.stderr, daemon.stdout(), daemon.stderr(), ok.body.toString(), failed.body.toString(), metrics.body.toString()].join('\n')
-  t.notOk(everything.includes(password), 'the password is nowhere')
-  t.notOk(everything.includes(Buffer.from(`egress-user:${password}`).toString('base64')), 'nor its Basic form')
-})
-
-t.test('a malformed HTTPS_PROXY exits 78 naming the variable, without echoing its credentials', async t => {
-  const r = await run(['serve'], { ...CREDS, COS_API_URL: 'https://api.example.com', HTTPS_PROXY: 'socks5://user:pw-marker@proxy.example.com:1080' })
-  t.equal(r.code, 78)
-  t.equal(r.stderr.trim(), 'cos-auth-proxy: config: HTTPS_PROXY must be an http:// or https:// proxy URL (got "socks5")')
-  t.equal(r.stdout, '')
 })

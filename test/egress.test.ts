@@ -11,6 +11,7 @@ import { bypassesProxy, egressProxyFor, type Egress } from '../src/egress.js'
 import { createLogger } from '../src/logger.js'
 import { buildProxyServer, upstreamsFor } from '../src/server.js'
 import { HeaderMinter, secretKey, verifyToken } from '../src/token.js'
+import { CREDS, run, start } from './cli-process.js'
 import { startForwardProxy, type ForwardProxy } from './forward-proxy.js'
 import { ACCESS_KEY, LogCapture, SECRET, freePort, json, listenOnLoopback, send, startProxy, startUpstream, testConfig, type RunningProxy, type Upstream } from './helpers.js'
 import { httpsUpstream, makePki, type HttpsUpstream } from './tls-fixtures.js'
@@ -328,4 +329,34 @@ t.test('an https:// egress proxy whose certificate is not trusted gives 502 nami
   t.equal(res.status, 502)
   t.same(json(res), { error: { code: 'upstream_unavailable', message: `the egress proxy https://127.0.0.1:${egress.port} could not be reached: TLS with it failed (is its CA in COS_CA_FILE?)` } })
   t.equal(up.received.length, 0)
+})
+
+t.test('the egress proxy password never appears in the start line, error bodies, metrics or `config`; the start line shows it redacted', async t => {
+  const egress = await startForwardProxy({ credentials: CREDENTIALS })
+  const up = await startUpstream()
+  t.teardown(async () => { await egress.close(); await up.close() })
+  const env = { ...CREDS, COS_API_URL: `http://cos-api.invalid:${new URL(up.url).port}`, HTTP_PROXY: withCredentials(egress), COS_LOG_LEVEL: 'debug' }
+  const shown = `http://${CREDENTIALS.user}:[redacted]@127.0.0.1:${egress.port}`
+
+  const config = await run(['config'], env)
+  t.equal(config.code, 0)
+  t.match(JSON.parse(config.stdout), { egress: { http: { variable: 'HTTP_PROXY', address: `http://127.0.0.1:${egress.port}`, url: shown, authorization: '[redacted]' }, noProxy: [] } })
+
+  const { daemon, match } = await start(['serve'], env, /[^\n]*cos-auth-proxy listening[^\n]*/)
+  t.teardown(() => daemon.child.kill('SIGKILL'))
+  const listening = JSON.parse(match[0]) as { port: number, admin: { port: number }, routes: unknown[] }
+  t.same(listening.routes, [{ name: 'api', prefix: '/', upstream: `${env.COS_API_URL}/`, egressProxy: shown }], 'the route names its egress proxy, redacted')
+  const ok = await send(`http://127.0.0.1:${listening.port}/x`)
+  t.equal(ok.status, 200, 'through the egress proxy, with its credentials, from the real environment')
+  t.equal(egress.saw[0]?.headers['proxy-authorization'], BASIC)
+  await egress.close()
+  const failed = await send(`http://127.0.0.1:${listening.port}/x`)
+  t.equal(failed.status, 502)
+  t.same(json(failed), { error: { code: 'upstream_unavailable', message: `the egress proxy http://127.0.0.1:${egress.port} could not be reached` } })
+  const metrics = await send(`http://127.0.0.1:${listening.admin.port}/metrics`)
+  t.equal(metrics.status, 200)
+  daemon.child.kill('SIGTERM')
+  t.equal(await daemon.exited, 0)
+  const everything = [config.stdout, config.stderr, daemon.stdout(), daemon.stderr(), ok.body.toString(), failed.body.toString(), metrics.body.toString()].join('\n')
+  t.notOk(leaked(everything), 'the password is nowhere, nor its Basic form')
 })
