@@ -267,7 +267,7 @@ t.test('an egress proxy that never answers CONNECT gives 504 after COS_CONNECT_T
   t.same(json(res), { error: { code: 'upstream_timeout', message: `the egress proxy http://127.0.0.1:${port} did not answer in time` } })
 })
 
-t.test('COS_UPSTREAM_TIMEOUT_MS holds through the tunnel: a silent upstream behind the egress proxy gives 504', async t => {
+t.test('COS_UPSTREAM_TIMEOUT_MS holds through the egress proxy: a silent upstream behind it gives 504', async t => {
   const sockets = new Set<Socket>()
   const silent = createNetServer(s => { sockets.add(s); s.on('error', () => undefined) })
   const port = await listenOnLoopback(silent)
