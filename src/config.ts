@@ -5,6 +5,7 @@ import { isIP, isIPv6 } from 'node:net'
 import { parseEnv } from 'node:util'
 import envSchema from 'env-schema'
 import { foldedPrefix, foldSegment, hostName } from './guard.js'
+import type { Egress, EgressProxy } from './egress.js'
 import { Secret } from './secret.js'
 import { TOKEN_ENCODINGS, type TokenEncoding } from './token.js'
 
@@ -84,6 +85,8 @@ export interface Config {
     readonly keepAliveTimeoutMs: number
     readonly maxConnections: number
   }
+  /** The forward proxies upstream connections go through (HTTPS_PROXY, HTTP_PROXY, NO_PROXY). */
+  readonly egress: Egress
 }
 
 interface VarSpec {
@@ -97,6 +100,9 @@ interface VarSpec {
   /** Never echo the value. */
   readonly secret?: boolean
 }
+
+const PROXY_URL = { type: 'string', expect: 'must be a proxy URL like http://user:password@proxy.example.com:3128', secret: true } as const
+const NO_PROXY = { type: 'string', expect: 'must be a comma-separated list of hosts, .domains, IP addresses, CIDRs, host:port or *' } as const
 
 const TIMEOUT = { type: 'integer', minimum: 1, maximum: 2_147_483_647, expect: 'must be a whole number of milliseconds ≥ 1' } as const
 
@@ -141,6 +147,14 @@ export const VARIABLES = {
   // Node arms the idle socket's timer 1000 ms later than this, and a timer must fit in 32 bits.
   COS_KEEPALIVE_TIMEOUT_MS: { ...TIMEOUT, default: 5_000, maximum: 2_147_482_647, expect: 'must be a whole number of milliseconds 1-2147482647' },
   COS_MAX_CONNECTIONS: { type: 'integer', default: 1024, minimum: 1, maximum: 1_000_000, expect: 'must be a whole number of connections ≥ 1' },
+  // The usual names, read from the same environment as the rest; the
+  // lowercase one wins when both are set (curl, undici, Python, wget).
+  https_proxy: PROXY_URL,
+  HTTPS_PROXY: PROXY_URL,
+  http_proxy: PROXY_URL,
+  HTTP_PROXY: PROXY_URL,
+  no_proxy: NO_PROXY,
+  NO_PROXY,
 } as const satisfies Record<string, VarSpec>
 
 export type VariableName = keyof typeof VARIABLES
@@ -271,6 +285,8 @@ function build (raw: Raw, needs: NonNullable<LoadOptions['needs']>): Config {
       keepAliveTimeoutMs: raw.COS_KEEPALIVE_TIMEOUT_MS,
       maxConnections: raw.COS_MAX_CONNECTIONS,
     },
+    // Only serving connects upstream: a stray proxy variable must not stop `token` or `verify`.
+    egress: needs === 'all' ? egress(raw) : { noProxy: [] },
   }
 }
 
@@ -392,6 +408,54 @@ function hostname (name: 'COS_LISTEN_HOST' | 'COS_MOCK_HOST' | 'COS_ADMIN_HOST',
 /** A URL as it may be echoed: with an '@' anywhere it may hold a password (even malformed), so it is not shown. */
 function withoutUserinfo (url: string): string {
   return url.includes('@') ? '<not shown: contains "@">' : url
+}
+
+function egress (raw: Raw): Egress {
+  const http = egressProxy(raw, 'http_proxy', 'HTTP_PROXY')
+  const https = egressProxy(raw, 'https_proxy', 'HTTPS_PROXY')
+  return {
+    ...(http === undefined ? {} : { http }),
+    ...(https === undefined ? {} : { https }),
+    noProxy: (raw.no_proxy ?? raw.NO_PROXY ?? '').split(/[\s,]+/).map(e => e.toLowerCase()).filter(e => e !== ''),
+  }
+}
+
+/**
+ * A proxy URL as curl and Go read it: without a scheme it is http://, and
+ * without a port it is the scheme's (80 or 443, as Go; curl would say 1080).
+ * Errors never echo a value that may hold a password.
+ */
+function egressProxy (raw: Raw, lower: 'http_proxy' | 'https_proxy', upper: 'HTTP_PROXY' | 'HTTPS_PROXY'): EgressProxy | undefined {
+  const variable = raw[lower] === undefined ? upper : lower
+  const value = raw[variable]
+  if (value === undefined) return undefined
+  let url: URL
+  try {
+    url = new URL(/^[A-Za-z][A-Za-z0-9+.-]*:\/\//.test(value) ? value : `http://${value}`)
+  } catch {
+    throw new ConfigError(variable, `${PROXY_URL.expect} (got ${JSON.stringify(withoutUserinfo(value))})`)
+  }
+  if (url.protocol !== 'http:' && url.protocol !== 'https:') {
+    throw new ConfigError(variable, `must be an http:// or https:// proxy URL (got ${JSON.stringify(url.protocol.slice(0, -1))})`)
+  }
+  if (url.hostname === '' || url.pathname !== '/' || url.search !== '' || url.hash !== '' || value.includes('?') || value.includes('#')) {
+    throw new ConfigError(variable, `${PROXY_URL.expect}, without path, query or fragment`)
+  }
+  const port = url.port === '' ? (url.protocol === 'https:' ? '443' : '80') : url.port
+  const address = `${url.protocol}//${url.hostname}:${port}`
+  if (url.username === '' && url.password === '') return { variable, address, url: address }
+  let credentials: string
+  try {
+    credentials = `${decodeURIComponent(url.username)}:${decodeURIComponent(url.password)}`
+  } catch {
+    throw new ConfigError(variable, 'has malformed percent-encoding in its user:password')
+  }
+  return {
+    variable,
+    address,
+    url: `${url.protocol}//${url.username}${url.password === '' ? '' : `:${Secret.REDACTED}`}@${url.hostname}:${port}`,
+    authorization: new Secret(`Basic ${Buffer.from(credentials).toString('base64')}`),
+  }
 }
 
 /** One prefix's segments start the other's, compared as the lookalike check folds them (guard.ts prefixLookalike relies on it). */

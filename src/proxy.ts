@@ -228,8 +228,10 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
     const route = reply.request.routeOptions.config.routeName
     if (route !== undefined) observer?.upstreamError(route, (error.cause as Error | undefined) ?? error)
     const status = upstreamErrorStatus(error)
-    if (status === 504) sendError(reply, 504, 'upstream_timeout', 'the upstream did not answer in time')
-    else sendError(reply, 502, 'upstream_unavailable', 'the upstream could not be reached')
+    // A failure at the egress proxy names it: the upstream may be fine.
+    const egress = upstreams.egressProblem(error)
+    if (status === 504) sendError(reply, 504, 'upstream_timeout', egress ?? 'the upstream did not answer in time')
+    else sendError(reply, 502, 'upstream_unavailable', egress ?? 'the upstream could not be reached')
   }
 
   // An upstream body that fails before any of it was written (shorter than

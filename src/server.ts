@@ -259,6 +259,7 @@ export function upstreamsFor (config: Config, logger: FastifyBaseLogger): Upstre
     headersTimeoutMs: config.upstreamTimeoutMs,
     bodyIdleTimeoutMs: config.bodyIdleTimeoutMs,
     tls: config.tls,
+    egress: config.egress,
     logger,
   })
 }
@@ -379,6 +380,12 @@ export function metricsObserver (metrics: ProxyMetrics): ProxyObserver & Request
   }
 }
 
+/** For the start line: the egress proxy a route goes through, password redacted. */
+function egressOf (upstreams: Upstreams, origin: string): { egressProxy?: string } {
+  const proxy = upstreams.egressProxyFor(origin)
+  return proxy === undefined ? {} : { egressProxy: proxy.url }
+}
+
 export interface ServeOptions {
   readonly config: Config
   readonly logger: Logger
@@ -492,7 +499,7 @@ export async function serve (opts: ServeOptions): Promise<void> {
     port: address.port,
     admin: { address: adminAddress.address, port: adminAddress.port },
     accessKey: store.current?.accessKey ?? null,
-    routes: config.routes.map(r => ({ name: r.name, prefix: r.prefix === '' ? '/' : r.prefix, upstream: r.url })),
+    routes: config.routes.map(r => ({ name: r.name, prefix: r.prefix === '' ? '/' : r.prefix, upstream: r.url, ...egressOf(upstreams, r.origin) })),
   }, 'cos-auth-proxy listening')
   opts.onListening?.(address)
 }

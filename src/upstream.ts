@@ -1,13 +1,16 @@
-// Connections to the upstreams: one keep-alive undici Pool per origin, behind a
-// dispatcher whose pool can be replaced when TLS material changes (a rotated
-// CA bundle or client certificate), without a restart and without cutting
-// requests in flight on the old pool.
+// Connections to the upstreams: one keep-alive undici Pool per origin (or,
+// behind a corporate egress proxy, a ProxyAgent), behind a dispatcher whose
+// pool can be replaced when TLS material changes (a rotated CA bundle or
+// client certificate), without a restart and without cutting requests in
+// flight on the old pool.
 import { unwatchFile, watchFile, type Stats } from 'node:fs'
 import { rootCertificates } from 'node:tls'
 import type { FastifyBaseLogger } from 'fastify'
-import { Dispatcher, Pool } from 'undici'
+import { Dispatcher, Pool, ProxyAgent, errors, type buildConnector } from 'undici'
 import { readBoundedFileSync } from './bounded-file.js'
 import { ConfigError, type Config } from './config.js'
+import { egressProxyFor, type Egress, type EgressProxy } from './egress.js'
+import { classifyUpstreamError } from './metrics.js'
 
 export interface TlsMaterial {
   readonly ca?: readonly string[]
@@ -52,22 +55,155 @@ export interface UpstreamOptions {
   readonly bodyIdleTimeoutMs: number
 }
 
-function createPool (origin: string, opts: UpstreamOptions, tls: TlsMaterial): Pool {
-  return new Pool(origin, {
-    connect: { timeout: opts.connectTimeoutMs, ...tls },
+/** The same for every upstream connection, direct or through an egress proxy. */
+function poolOptions (opts: UpstreamOptions): Pool.Options {
+  return {
     headersTimeout: opts.headersTimeoutMs,
     bodyTimeout: opts.bodyIdleTimeoutMs,
     // Keep idle sockets a little under the common 5 s server default, so the
     // proxy closes them first instead of writing into a socket being closed.
     keepAliveTimeout: 4_000,
-  })
+  }
+}
+
+function createPool (origin: string, opts: UpstreamOptions, tls: TlsMaterial): Pool {
+  return new Pool(origin, { connect: { timeout: opts.connectTimeoutMs, ...tls }, ...poolOptions(opts) })
+}
+
+/**
+ * A failure at the egress proxy rather than the upstream. Its message names
+ * the proxy by scheme://host:port only and is what the client is told. No
+ * `code` of its own: the codes on its cause still decide the status (504 for
+ * a timeout), the retry and the metrics, as for a direct connection.
+ */
+export class EgressProxyError extends Error {
+  constructor (proxy: EgressProxy, problem: string, cause?: unknown) {
+    super(`the egress proxy ${proxy.address} ${problem}`, cause === undefined ? undefined : { cause })
+    this.name = 'EgressProxyError'
+  }
+}
+
+function proxyAuthenticationProblem (proxy: EgressProxy): string {
+  return proxy.authorization === undefined
+    ? `asks for credentials (407): give them in ${proxy.variable} as http://user:password@host:port`
+    : `refused the credentials in ${proxy.variable} (407)`
+}
+
+/** Why the proxy could not be used, from the error that got in the way (as the metrics classify it). */
+function unreachableProblem (err: unknown): string {
+  switch (err instanceof Error ? classifyUpstreamError(err) : 'other') {
+    case 'timeout': return 'did not answer in time'
+    case 'tls': return 'could not be reached: TLS with it failed (is its CA in COS_CA_FILE?)'
+    case 'dns': return 'could not be reached: its name does not resolve'
+    default: return 'could not be reached'
+  }
+}
+
+type PoolConnectOptions = Parameters<Pool['connect']>[0]
+
+/** The client ProxyAgent sends CONNECT with: whatever goes wrong before the tunnel is open is the proxy's. */
+class TunnelClient extends Pool {
+  readonly #proxy: EgressProxy
+
+  constructor (proxy: EgressProxy, url: URL, opts: Pool.Options) {
+    super(url, opts)
+    this.#proxy = proxy
+  }
+
+  // ProxyAgent calls the promise form only.
+  override connect (options: PoolConnectOptions): Promise<Dispatcher.ConnectData>
+  override connect (options: PoolConnectOptions, callback: (err: Error | null, data: Dispatcher.ConnectData) => void): void
+  override connect (options: PoolConnectOptions, callback?: (err: Error | null, data: Dispatcher.ConnectData) => void): Promise<Dispatcher.ConnectData> | undefined {
+    if (callback !== undefined) {
+      super.connect(options, callback)
+      return undefined
+    }
+    return super.connect(options).then(data => {
+      if (data.statusCode === 200) return data
+      data.socket.destroy()
+      throw new EgressProxyError(this.#proxy, data.statusCode === 407 ? proxyAuthenticationProblem(this.#proxy) : `refused the tunnel to the upstream (${data.statusCode})`)
+    }, (err: unknown) => { throw new EgressProxyError(this.#proxy, unreachableProblem(err), err) })
+  }
+}
+
+/** A connector whose failures are the proxy's: the connection to it could not be made. */
+function connectingToProxy (proxy: EgressProxy, connect: buildConnector.connector): buildConnector.connector {
+  return (options, callback) => {
+    connect(options, (err, socket) => {
+      if (err === null) callback(null, socket)
+      else callback(new EgressProxyError(proxy, unreachableProblem(err), err), null)
+    })
+  }
+}
+
+/**
+ * An upstream reached through an egress proxy. https:// upstreams go
+ * through a CONNECT tunnel with the upstream's own TLS inside it
+ * (COS_CA_FILE, the client certificate); http:// ones as absolute-form
+ * requests, as curl and Go send them (many proxies allow CONNECT to port 443
+ * only: Squid's default). Timeouts and keep-alive are those of a direct pool.
+ */
+class EgressAgent extends ProxyAgent {
+  constructor (proxy: EgressProxy, opts: UpstreamOptions, tls: TlsMaterial) {
+    const pool = poolOptions(opts)
+    const proxyOrigin = new URL(proxy.address).origin
+    // Node's TLS options type wants a mutable array.
+    const { ca: roots, ...clientCertificate } = tls
+    const ca = roots === undefined ? {} : { ca: [...roots] }
+    super({
+      uri: proxy.address,
+      ...(proxy.authorization === undefined ? {} : { token: proxy.authorization.reveal() }),
+      proxyTunnel: false,
+      requestTls: { ...clientCertificate, ...ca, timeout: opts.connectTimeoutMs },
+      // The added CA bundle may be the one that signs an https:// proxy's
+      // certificate; the client certificate is for the upstream only.
+      proxyTls: { ...ca, timeout: opts.connectTimeoutMs },
+      // A proxy that never answers CONNECT counts against the connect timeout.
+      clientFactory: (url, o) => new TunnelClient(proxy, url, { ...o, ...pool, headersTimeout: opts.connectTimeoutMs }),
+      // Called for the pools to tunnelled upstreams, and with the proxy's own
+      // origin for the pool that carries absolute-form requests.
+      factory: (origin, o) => {
+        const options = o as Pool.Options
+        if (new URL(origin).origin !== proxyOrigin || typeof options.connect !== 'function') return new Pool(origin, options)
+        return new Pool(origin, { ...options, ...pool, connect: connectingToProxy(proxy, options.connect) })
+      },
+      ...pool,
+    })
+  }
+
+  override dispatch (options: Dispatcher.DispatchOptions, handler: Dispatcher.DispatchHandler): boolean {
+    // A client's Proxy-Authorization is blanked to undefined (proxy.ts), and
+    // ProxyAgent refuses any request whose headers so much as name one.
+    const headers = options.headers
+    if (headers != null && !Array.isArray(headers) && 'proxy-authorization' in headers) {
+      delete (headers as Record<string, unknown>)['proxy-authorization']
+    }
+    return super.dispatch(options, handler)
+  }
+}
+
+/**
+ * The client-facing message for a failure at an egress proxy, or undefined
+ * when the failure was not the proxy's. `httpProxy` is the proxy of http://
+ * upstreams: undici's absolute-form client reports that proxy's 407 as an
+ * InvalidArgumentError with this message and nothing else to tell it by.
+ */
+export function egressProblem (error: Error, httpProxy: EgressProxy | undefined): string | undefined {
+  let e: unknown = error
+  for (let depth = 0; depth < 5 && e instanceof Error; depth++, e = e.cause) {
+    if (e instanceof EgressProxyError) return e.message
+    if (httpProxy !== undefined && e instanceof errors.InvalidArgumentError && e.message === 'Proxy Authentication Required (407)') {
+      return new EgressProxyError(httpProxy, proxyAuthenticationProblem(httpProxy)).message
+    }
+  }
+  return undefined
 }
 
 /** A Dispatcher whose underlying pool can be replaced; @fastify/reply-from sees one stable object. */
 export class SwappableDispatcher extends Dispatcher {
-  #pool: Pool
+  #pool: Dispatcher
 
-  constructor (pool: Pool) {
+  constructor (pool: Dispatcher) {
     super()
     this.#pool = pool
   }
@@ -77,7 +213,7 @@ export class SwappableDispatcher extends Dispatcher {
   }
 
   /** Installs `next`; the old pool finishes what it has and closes. */
-  replace (next: Pool): Promise<void> {
+  replace (next: Dispatcher): Promise<void> {
     const old = this.#pool
     this.#pool = next
     return old.close()
@@ -102,24 +238,41 @@ export class Upstreams {
   readonly #opts: UpstreamOptions
   readonly #files: Config['tls']
   readonly #logger: FastifyBaseLogger
+  readonly #egress: Egress
   readonly #dispatchers = new Map<string, SwappableDispatcher>()
   #tls: TlsMaterial
   #watched: string[] = []
 
-  constructor (opts: UpstreamOptions & { readonly tls: Config['tls'], readonly logger: FastifyBaseLogger }) {
+  constructor (opts: UpstreamOptions & { readonly tls: Config['tls'], readonly logger: FastifyBaseLogger, readonly egress?: Egress }) {
     this.#opts = opts
     this.#files = opts.tls
     this.#logger = opts.logger
+    this.#egress = opts.egress ?? { noProxy: [] }
     this.#tls = readTlsMaterial(opts.tls)
   }
 
   dispatcherFor (origin: string): SwappableDispatcher {
     let d = this.#dispatchers.get(origin)
     if (d === undefined) {
-      d = new SwappableDispatcher(createPool(origin, this.#opts, this.#tls))
+      d = new SwappableDispatcher(this.#create(origin, this.#tls))
       this.#dispatchers.set(origin, d)
     }
     return d
+  }
+
+  /** The egress proxy `origin` is reached through; undefined = directly (none set, or NO_PROXY). */
+  egressProxyFor (origin: string): EgressProxy | undefined {
+    return egressProxyFor(this.#egress, origin)
+  }
+
+  /** What to tell the client when `error` was the egress proxy's; undefined otherwise. */
+  egressProblem (error: Error): string | undefined {
+    return egressProblem(error, this.#egress.http)
+  }
+
+  #create (origin: string, tls: TlsMaterial): Dispatcher {
+    const proxy = this.egressProxyFor(origin)
+    return proxy === undefined ? createPool(origin, this.#opts, tls) : new EgressAgent(proxy, this.#opts, tls)
   }
 
   /** Re-read the TLS files; on success replace every pool. Returns whether anything changed. */
@@ -134,7 +287,7 @@ export class Upstreams {
     if (JSON.stringify(next) === JSON.stringify(this.#tls)) return false
     this.#tls = next
     for (const [origin, d] of this.#dispatchers) {
-      d.replace(createPool(origin, this.#opts, next)).catch((err: unknown) => this.#logger.warn({ err }, 'closing the previous upstream pool failed'))
+      d.replace(this.#create(origin, next)).catch((err: unknown) => this.#logger.warn({ err }, 'closing the previous upstream pool failed'))
     }
     this.#logger.info('TLS files changed: new upstream connections use them')
     return true

@@ -1,60 +1,7 @@
 // The CLI as users run it: the built dist/cli.js in a child process.
-import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process'
-import { mkdtempSync, rmSync } from 'node:fs'
-import { tmpdir } from 'node:os'
-import { join } from 'node:path'
-import { fileURLToPath } from 'node:url'
 import t from 'tap'
+import { CREDS, run, start } from './cli-process.js'
 import { ACCESS_KEY, SECRET, json, send, startUpstream } from './helpers.js'
-
-const CLI = fileURLToPath(new URL('../dist/cli.js', import.meta.url))
-// An empty working directory, so no stray .env is read.
-const CWD = mkdtempSync(join(tmpdir(), 'cos-cli-'))
-t.teardown(() => rmSync(CWD, { recursive: true, force: true }))
-
-const CREDS = { COS_ACCESS_KEY: ACCESS_KEY, COS_ACCESS_KEY_SECRET: SECRET }
-
-function childEnv (env: Record<string, string>): NodeJS.ProcessEnv {
-  // Ephemeral admin port: test files run in parallel.
-  return { PATH: process.env.PATH, COS_ADMIN_PORT: '0', ...env }
-}
-
-interface Result { code: number | null, stdout: string, stderr: string }
-
-function run (args: string[], env: Record<string, string>): Promise<Result> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [CLI, ...args], { cwd: CWD, env: childEnv(env), stdio: ['ignore', 'pipe', 'pipe'] })
-    let stdout = ''
-    let stderr = ''
-    child.stdout.on('data', (d: Buffer) => { stdout += d.toString() })
-    child.stderr.on('data', (d: Buffer) => { stderr += d.toString() })
-    const timer = setTimeout(() => child.kill('SIGKILL'), 15_000)
-    child.on('error', reject)
-    child.on('close', code => { clearTimeout(timer); resolve({ code, stdout, stderr }) })
-  })
-}
-
-interface Daemon { child: ChildProcessWithoutNullStreams, stdout: () => string, stderr: () => string, exited: Promise<number | null> }
-
-/** Starts a long-running command and waits until `ready` matches its output. */
-async function start (args: string[], env: Record<string, string>, ready: RegExp): Promise<{ daemon: Daemon, match: RegExpMatchArray }> {
-  const child = spawn(process.execPath, [CLI, ...args], { cwd: CWD, env: childEnv(env) })
-  let out = ''
-  let err = ''
-  const exited = new Promise<number | null>(resolve => child.on('close', code => resolve(code)))
-  const daemon = { child, stdout: () => out, stderr: () => err, exited }
-  const match = await new Promise<RegExpMatchArray>((resolve, reject) => {
-    const timer = setTimeout(() => { child.kill('SIGKILL'); reject(new Error(`not ready: ${out}${err}`)) }, 15_000)
-    const check = (): void => {
-      const m = (out + err).match(ready)
-      if (m) { clearTimeout(timer); resolve(m) }
-    }
-    child.stdout.on('data', (d: Buffer) => { out += d.toString(); check() })
-    child.stderr.on('data', (d: Buffer) => { err += d.toString(); check() })
-    void exited.then(code => { clearTimeout(timer); reject(new Error(`exited ${code}: ${out}${err}`)) })
-  })
-  return { daemon, match }
-}
 
 const VECTOR = { args: ['--timestamp', '1700000000000000000', '--nonce', '0123456789abcdef0123456789abcdef'], env: { COS_ACCESS_KEY: 'AKIDEXAMPLE', COS_ACCESS_KEY_SECRET: 'wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY' } }
 
@@ -129,6 +76,7 @@ t.test('a bad config exits 78 with one line naming the variable', async t => {
     [['token'], { COS_ACCESS_KEY_SECRET: SECRET }, /COS_ACCESS_KEY_FILE/],
     // Contradictory timeouts: Node's RangeError (exit 1) before the check at load.
     [['serve'], { ...CREDS, COS_API_URL: 'http://127.0.0.1:1', COS_REQUEST_TIMEOUT_MS: '5000' }, /^cos-auth-proxy: config: COS_REQUEST_TIMEOUT_MS .*COS_HEADERS_TIMEOUT_MS/],
+    [['serve'], { ...CREDS, COS_API_URL: 'https://api.example.com', HTTPS_PROXY: `socks5://user:${encodeURIComponent(SECRET)}@proxy.example.com:1080` }, /HTTPS_PROXY must be an http:\/\/ or https:\/\/ proxy URL \(got "socks5"\)$/m],
   ]
   for (const [args, env, variable] of cases) {
     const r = await run(args, env)

@@ -250,3 +250,54 @@ t.test('credential files: trimmed, empty or missing is an error naming the varia
   }
   t.ok(!inspect(good, { depth: 10 }).includes(SECRET), 'inspecting a pair shows no secret')
 })
+
+t.test('egress proxy variables: the lowercase name wins, a bare host:port is http://, the port defaults to the scheme\'s', async t => {
+  t.same(load(base).egress, { noProxy: [] }, 'none set: direct')
+  const c = load({ ...base, HTTPS_PROXY: 'http://proxy.corp.example:3128', HTTP_PROXY: 'proxy.corp.example:8080', NO_PROXY: ' .svc,Internal.Example.com  10.0.0.0/8,,* ' })
+  t.same(c.egress.https, { variable: 'HTTPS_PROXY', address: 'http://proxy.corp.example:3128', url: 'http://proxy.corp.example:3128' })
+  t.same(c.egress.http, { variable: 'HTTP_PROXY', address: 'http://proxy.corp.example:8080', url: 'http://proxy.corp.example:8080' })
+  t.same(c.egress.noProxy, ['.svc', 'internal.example.com', '10.0.0.0/8', '*'])
+  const both = load({ ...base, https_proxy: 'http://lower:1', HTTPS_PROXY: 'http://upper:2', http_proxy: 'http://lower:3', HTTP_PROXY: 'http://upper:4', no_proxy: 'lower', NO_PROXY: 'upper' })
+  t.same([both.egress.https?.address, both.egress.http?.address, both.egress.noProxy], ['http://lower:1', 'http://lower:3', ['lower']])
+  const emptyLower = load({ ...base, https_proxy: '', HTTPS_PROXY: 'http://upper:2', no_proxy: '', NO_PROXY: 'upper' })
+  t.same([emptyLower.egress.https?.variable, emptyLower.egress.noProxy], ['HTTPS_PROXY', ['upper']], 'an empty value counts as unset')
+  t.equal(load({ ...base, HTTPS_PROXY: 'https://proxy.example' }).egress.https?.address, 'https://proxy.example:443')
+  t.equal(load({ ...base, HTTPS_PROXY: 'HTTP://Proxy.Example/' }).egress.https?.address, 'http://proxy.example:80')
+  t.equal(load({ ...base, HTTPS_PROXY: 'http://[fd00::1]:3128' }).egress.https?.address, 'http://[fd00::1]:3128')
+})
+
+t.test('credentials in a proxy URL become a redacted Basic Proxy-Authorization', async t => {
+  const password = 'p:ss@w%rd-marker'
+  const c = load({ ...base, https_proxy: `http://us%40er:${encodeURIComponent(password)}@proxy.example:3128` })
+  const proxy = c.egress.https
+  t.equal(proxy?.url, 'http://us%40er:[redacted]@proxy.example:3128')
+  t.equal(proxy?.address, 'http://proxy.example:3128')
+  t.equal(proxy?.authorization?.reveal(), `Basic ${Buffer.from(`us@er:${password}`).toString('base64')}`)
+  for (const s of [JSON.stringify(c), inspect(c, { depth: 10 }), describeConfig(c)]) {
+    t.notOk(s.includes(encodeURIComponent(password)) || s.includes(password) || s.includes(Buffer.from(`us@er:${password}`).toString('base64')), 'never printed')
+  }
+  t.match(describeConfig(c), /"authorization": "\[redacted\]"/)
+  t.equal(load({ ...base, HTTPS_PROXY: 'http://user@proxy.example:3128' }).egress.https?.authorization?.reveal(), `Basic ${Buffer.from('user:').toString('base64')}`, 'a user without password, as curl sends it')
+})
+
+t.test('a malformed proxy URL exits naming the variable and never echoes its password', async t => {
+  const cases: [Record<string, string>, string, RegExp][] = [
+    [{ HTTPS_PROXY: 'socks5://user:pw-marker@proxy:1080' }, 'HTTPS_PROXY', /must be an http:\/\/ or https:\/\/ proxy URL \(got "socks5"\)/],
+    [{ https_proxy: 'http://user:pw-marker@proxy:99999' }, 'https_proxy', /must be a proxy URL like .* \(got "<not shown/],
+    [{ HTTP_PROXY: 'http://user:pw-marker@proxy:3128/path' }, 'HTTP_PROXY', /without path, query or fragment/],
+    [{ http_proxy: 'http://user:pw-marker@proxy:3128?x=1' }, 'http_proxy', /without path, query or fragment/],
+    [{ HTTPS_PROXY: 'http://user:pw-marker%zz@proxy:3128' }, 'HTTPS_PROXY', /malformed percent-encoding/],
+    [{ HTTPS_PROXY: 'http://' }, 'HTTPS_PROXY', /must be a proxy URL/],
+  ]
+  for (const [env, variable, problem] of cases) {
+    const err = errorOf({ ...base, ...env })
+    t.equal(err.variable, variable, err.message)
+    t.match(err.message, problem)
+    t.notOk(err.message.includes('pw-marker'), 'no password')
+  }
+})
+
+t.test('commands that do not serve ignore the proxy variables: a bad one cannot stop `token`', async t => {
+  const c = load({ COS_ACCESS_KEY: 'ak', COS_ACCESS_KEY_SECRET: SECRET, HTTPS_PROXY: 'socks5://proxy:1080' }, { needs: 'credentials' })
+  t.same(c.egress, { noProxy: [] })
+})

@@ -2,7 +2,7 @@
 // real proxy listening on 127.0.0.1. No mocks of the network.
 import { createHash } from 'node:crypto'
 import { createServer, request as httpRequest, type IncomingHttpHeaders, type IncomingMessage, type Server, type ServerResponse } from 'node:http'
-import type { AddressInfo, Server as NetServer } from 'node:net'
+import { createServer as createNetServer, type AddressInfo, type Server as NetServer } from 'node:net'
 import { Writable } from 'node:stream'
 import type { FastifyInstance } from 'fastify'
 import { loadConfig, type Config } from '../src/config.js'
@@ -38,6 +38,14 @@ export interface Upstream {
 export async function listenOnLoopback (server: NetServer): Promise<number> {
   await new Promise<void>(resolve => server.listen(0, '127.0.0.1', resolve))
   return (server.address() as AddressInfo).port
+}
+
+/** A port on 127.0.0.1 that nothing listens on (it was free a moment ago). */
+export async function freePort (): Promise<number> {
+  const s = createNetServer()
+  const port = await listenOnLoopback(s)
+  await new Promise(resolve => s.close(resolve))
+  return port
 }
 
 /** An HTTP server on 127.0.0.1 that hashes each body as it streams and records the request. */

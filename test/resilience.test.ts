@@ -1,9 +1,8 @@
 // Upstream faults a long-lived sidecar meets: safe retries with fresh tokens,
 // a 401 after rotation, long streams under short timeouts, private CAs, mTLS.
 import { copyFileSync } from 'node:fs'
-import { createServer as createHttpsServer, type Server as HttpsServer } from 'node:https'
+import type { ServerResponse } from 'node:http'
 import { createServer as createNetServer, type AddressInfo, type Socket } from 'node:net'
-import type { IncomingMessage, ServerResponse } from 'node:http'
 import { join } from 'node:path'
 import t from 'tap'
 import { CredentialStore } from '../src/credentials.js'
@@ -11,7 +10,7 @@ import { createLogger } from '../src/logger.js'
 import { buildProxyServer, upstreamsFor } from '../src/server.js'
 import { HeaderMinter, parseToken, secretKey, verifyToken } from '../src/token.js'
 import { ACCESS_KEY, LogCapture, SECRET, json, listenOnLoopback, send, startProxy, startUpstream, testConfig } from './helpers.js'
-import { makePki } from './tls-fixtures.js'
+import { httpsUpstream, makePki } from './tls-fixtures.js'
 
 const key = secretKey(SECRET)
 
@@ -140,25 +139,6 @@ t.test('long responses are not cut while bytes flow; a body that stalls past COS
   t.notOk(stalled.includes('data: 2'), 'the stalled stream was cut after its last bytes')
   t.match(stalled, /data: 1|error/)
 })
-
-async function httpsUpstream (pki: ReturnType<typeof makePki>, requireClientCert: boolean): Promise<{ url: string, close: () => Promise<void>, server: HttpsServer }> {
-  const server = createHttpsServer({
-    key: pki.serverKey,
-    cert: pki.serverCert,
-    ...(requireClientCert ? { ca: pki.ca, requestCert: true, rejectUnauthorized: true } : {}),
-  }, (req: IncomingMessage, res: ServerResponse) => {
-    // An https server's request socket is a TLSSocket.
-    const socket = req.socket as unknown as { getPeerCertificate: () => { subject?: { CN?: string } } }
-    res.setHeader('content-type', 'application/json')
-    res.end(JSON.stringify({ client: socket.getPeerCertificate().subject?.CN ?? null }))
-  })
-  const port = await listenOnLoopback(server)
-  return {
-    url: `https://127.0.0.1:${port}`,
-    server,
-    close: () => new Promise(resolve => { server.closeAllConnections(); server.close(() => resolve()) }),
-  }
-}
 
 t.test('HTTPS with COS_CA_FILE: a private CA is trusted when given, refused when not', async t => {
   const pki = makePki()

@@ -2,8 +2,11 @@
 // made with openssl in a temp dir for the test run.
 import { execFileSync } from 'node:child_process'
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs'
+import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from 'node:http'
+import { createServer as createHttpsServer, type Server as HttpsServer } from 'node:https'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
+import { listenOnLoopback } from './helpers.js'
 
 export interface Pki {
   readonly dir: string
@@ -52,5 +55,36 @@ export function makePki (): Pki {
     clientKeyFile: join(dir, 'client.key'),
     otherCaFile: join(dir, 'other-ca.pem'),
     cleanup: () => rmSync(dir, { recursive: true, force: true }),
+  }
+}
+
+export interface HttpsUpstream {
+  readonly url: string
+  /** The headers of each request received. */
+  readonly received: IncomingHttpHeaders[]
+  readonly server: HttpsServer
+  close: () => Promise<void>
+}
+
+/** An HTTPS server on 127.0.0.1 with the PKI's server certificate; it answers with the CN of the client's certificate, if any. */
+export async function httpsUpstream (pki: Pki, requireClientCert: boolean): Promise<HttpsUpstream> {
+  const received: IncomingHttpHeaders[] = []
+  const server = createHttpsServer({
+    key: pki.serverKey,
+    cert: pki.serverCert,
+    ...(requireClientCert ? { ca: pki.ca, requestCert: true, rejectUnauthorized: true } : {}),
+  }, (req: IncomingMessage, res: ServerResponse) => {
+    received.push(req.headers)
+    // An https server's request socket is a TLSSocket.
+    const socket = req.socket as unknown as { getPeerCertificate: () => { subject?: { CN?: string } } }
+    res.setHeader('content-type', 'application/json')
+    res.end(JSON.stringify({ client: socket.getPeerCertificate().subject?.CN ?? null }))
+  })
+  const port = await listenOnLoopback(server)
+  return {
+    url: `https://127.0.0.1:${port}`,
+    received,
+    server,
+    close: () => new Promise(resolve => { server.closeAllConnections(); server.close(() => resolve()) }),
   }
 }

@@ -8,7 +8,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import t from 'tap'
 import { upstreamErrorStatus } from '../src/proxy.js'
-import { json, listenOnLoopback, send, startProxy, startUpstream } from './helpers.js'
+import { freePort, json, listenOnLoopback, send, startProxy, startUpstream } from './helpers.js'
 
 /** A TCP server that does `onSocket` with every connection, and tracks them for teardown. */
 async function tcpServer (onSocket: (s: Socket) => void): Promise<{ port: number, close: () => Promise<void> }> {
@@ -16,13 +16,6 @@ async function tcpServer (onSocket: (s: Socket) => void): Promise<{ port: number
   const server = createNetServer(s => { sockets.add(s); s.on('close', () => sockets.delete(s)); s.on('error', () => undefined); onSocket(s) })
   const port = await listenOnLoopback(server)
   return { port, close: () => new Promise(resolve => { for (const s of sockets) s.destroy(); server.close(() => resolve()) }) }
-}
-
-async function freePort (): Promise<number> {
-  const s = createNetServer()
-  const port = await listenOnLoopback(s)
-  await new Promise(resolve => s.close(resolve))
-  return port
 }
 
 t.test('connection refused → 502 upstream_unavailable with x-request-id, then the proxy serves on', async t => {
