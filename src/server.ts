@@ -332,7 +332,7 @@ export async function serve (opts: ServeOptions): Promise<void> {
   upstreams.watch(config.credentialsReloadMs)
   const observer: ProxyObserver & RequestObserver = {
     requestStarted: () => metrics.requestStarted(),
-    requestFinished: (route, method, status, total, upstream) => metrics.requestFinished(route, method, status, total, upstream),
+    requestFinished: (route, method, status, total, upstream, aborted) => metrics.requestFinished(route, method, status, total, upstream, aborted),
     upstreamError: (route, err) => metrics.upstreamError(route, classifyUpstreamError(err)),
     retried: (route, reason) => metrics.retried(route, reason),
     tokenMinted: () => metrics.tokenMinted(),
