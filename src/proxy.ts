@@ -11,7 +11,7 @@ import type { Route, RouteName } from './config.js'
 import type { CredentialStore } from './credentials.js'
 import { errorCodes, hasErrorCode } from './error-codes.js'
 import { sendError } from './errors.js'
-import type { Upstreams } from './upstream.js'
+import { abortWhenClientGone, type Upstreams } from './upstream.js'
 
 declare module 'fastify' {
   interface FastifyContextConfig {
@@ -68,6 +68,7 @@ function namesOtherHeaders (value: string | string[]): boolean {
 }
 
 const BODY_TOO_LARGE = 'COS_BODY_TOO_LARGE'
+const UPSTREAM_ABORTED = 'UND_ERR_ABORTED'
 const SMALL_BODY_BYTES = 16 * 1024
 
 /** What reply-from hands onResponse (its typings say a ServerResponse). */
@@ -138,6 +139,7 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
     h.authorization = credentials.current?.next()
     observer?.tokenMinted()
     h['x-request-id'] = request.id
+    abortWhenClientGone(h, request.raw.socket)
     request.upstreamStart = performance.now()
     return h
   }
@@ -159,6 +161,10 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
   }
 
   const onError: NonNullable<FastifyReplyFromHooks['onError']> = (reply, { error }) => {
+    // Only a client that went away aborts an upstream request (its connection
+    // closed: see abortWhenClientGone; or its upload stopped short): no one
+    // to answer, and no upstream fault to count.
+    if (hasErrorCode(error, UPSTREAM_ABORTED)) return
     if (hasErrorCode(error, BODY_TOO_LARGE)) {
       sendError(reply, 413, 'payload_too_large', `request bodies are limited to ${maxBody} bytes (COS_MAX_BODY_BYTES)`)
       return
