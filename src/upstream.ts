@@ -103,6 +103,8 @@ type RequestCallback<T> = (err: Error | null, data: Dispatcher.ResponseData<T>) 
 /** A Dispatcher whose underlying pool can be replaced; @fastify/reply-from sees one stable object. */
 export class SwappableDispatcher extends Dispatcher {
   #pool: Pool
+  /** Replaced pools still finishing their requests. */
+  readonly #retiring = new Set<Pool>()
 
   constructor (pool: Pool) {
     super()
@@ -134,15 +136,18 @@ export class SwappableDispatcher extends Dispatcher {
   replace (next: Pool): Promise<void> {
     const old = this.#pool
     this.#pool = next
-    return old.close()
+    this.#retiring.add(old)
+    return old.close().finally(() => this.#retiring.delete(old))
   }
 
   override close (): Promise<void> {
-    return this.#pool.close()
+    // After destroy() there is nothing left to wait for (and undici would reject).
+    return this.#pool.destroyed ? Promise.resolve() : this.#pool.close()
   }
 
-  override destroy (): Promise<void> {
-    return this.#pool.destroy()
+  /** Aborts every request still in flight, on the current pool and on replaced ones. */
+  override async destroy (): Promise<void> {
+    await Promise.all([this.#pool, ...this.#retiring].map(p => p.destroy()))
   }
 }
 
@@ -203,9 +208,20 @@ export class Upstreams {
     this.#watched = paths
   }
 
+  /** Stops watching the files and waits for the requests in flight. */
   async close (): Promise<void> {
+    this.#unwatch()
+    await Promise.all([...this.#dispatchers.values()].map(d => d.close()))
+  }
+
+  /** Stops watching the files, aborts every request in flight and closes every connection now. */
+  async destroy (): Promise<void> {
+    this.#unwatch()
+    await Promise.all([...this.#dispatchers.values()].map(d => d.destroy()))
+  }
+
+  #unwatch (): void {
     for (const p of this.#watched) unwatchFile(p)
     this.#watched = []
-    await Promise.all([...this.#dispatchers.values()].map(d => d.close()))
   }
 }
