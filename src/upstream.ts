@@ -3,7 +3,7 @@
 // CA bundle or client certificate), without a restart and without cutting
 // requests in flight on the old pool. An upstream request is aborted as soon as
 // the client it answers goes away.
-import { setMaxListeners } from 'node:events'
+import { EventEmitter } from 'node:events'
 import { readFileSync, unwatchFile, watchFile, type Stats } from 'node:fs'
 import type { Socket } from 'node:net'
 import { rootCertificates } from 'node:tls'
@@ -64,29 +64,39 @@ function createPool (origin: string, opts: UpstreamOptions, tls: TlsMaterial): P
 // The key, on an upstream request's headers, of the signal that aborts it.
 // undici sends only a headers object's string keys, so this never leaves.
 const ABORT_SIGNAL = Symbol('cos-auth-proxy.abortSignal')
-type SignalledHeaders = Record<typeof ABORT_SIGNAL, AbortSignal | undefined>
+type SignalledHeaders = Record<typeof ABORT_SIGNAL, ClientGone | undefined>
 
 // One instance for every connection: a stack would point here and say nothing.
 const CLIENT_GONE = Object.assign(new errors.RequestAbortedError('the client closed its connection'), { stack: 'AbortError: the client closed its connection' })
-const clientSignals = new WeakMap<Socket, AbortSignal>()
 
-/** Aborts when the client connection closes: nobody is left to read the answer. */
-function clientGoneSignal (socket: Socket): AbortSignal {
-  let signal = clientSignals.get(socket)
-  if (signal === undefined) {
-    // One per connection, shared by the requests on it (an AbortController per
-    // request costs more); the socket rather than the response, whose 'close'
-    // never fires for a pipelined request queued behind another.
-    const controller = new AbortController()
-    signal = controller.signal
+/**
+ * Emits 'abort' when a client connection closes: nobody is left to read
+ * what the upstream would answer. One per connection, shared by the requests
+ * on it; the socket rather than the response, whose 'close' never fires for
+ * a pipelined request queued behind another. An EventEmitter, which undici
+ * takes as a signal as it takes an AbortSignal: its listeners cost a quarter
+ * of an AbortSignal's (~60 against ~300 ns per request, measured).
+ */
+class ClientGone extends EventEmitter {
+  aborted = false
+  reason: Error | undefined
+
+  constructor (socket: Socket) {
+    super()
     // Every request in flight on the connection listens, pipelined ones included.
-    setMaxListeners(0, signal)
-    if (socket.closed) controller.abort(CLIENT_GONE)
-    else socket.once('close', () => controller.abort(CLIENT_GONE))
-    clientSignals.set(socket, signal)
+    this.setMaxListeners(0)
+    if (socket.closed) this.#abort()
+    else socket.once('close', () => this.#abort())
   }
-  return signal
+
+  #abort (): void {
+    this.aborted = true
+    this.reason = CLIENT_GONE
+    this.emit('abort')
+  }
 }
+
+const clientsGone = new WeakMap<Socket, ClientGone>()
 
 /**
  * Ties an upstream request to the client connection it answers, by marking
@@ -95,7 +105,12 @@ function clientGoneSignal (socket: Socket): AbortSignal {
  * signal to undici, and before the response headers it notices nothing.)
  */
 export function abortWhenClientGone (headers: object, socket: Socket): void {
-  (headers as SignalledHeaders)[ABORT_SIGNAL] = clientGoneSignal(socket)
+  let gone = clientsGone.get(socket)
+  if (gone === undefined) {
+    gone = new ClientGone(socket)
+    clientsGone.set(socket, gone)
+  }
+  (headers as SignalledHeaders)[ABORT_SIGNAL] = gone
 }
 
 type RequestCallback<T> = (err: Error | null, data: Dispatcher.ResponseData<T>) => void
