@@ -64,6 +64,7 @@ class RouteCells {
   readonly errors: Record<UpstreamErrorKind, number> = { refused: 0, reset: 0, timeout: 0, tls: 0, dns: 0, other: 0 }
   readonly retries: Record<RetryReason, number> = { connect: 0, unauthorized: 0 }
   responseFailures = 0
+  aborted = 0
   constructor (readonly route: RouteLabel) {}
 }
 
@@ -127,10 +128,14 @@ export class ProxyMetrics {
     this.n.inFlight++
   }
 
-  /** `upstreamSeconds`: from sending upstream to the upstream's response headers; undefined when no upstream answered (404, 503, errors). */
-  requestFinished (route: string, method: string, status: number, totalSeconds: number, upstreamSeconds: number | undefined): void {
+  /**
+   * `upstreamSeconds`: from sending upstream to the upstream's response headers; undefined when no upstream answered (404, 503, errors).
+   * `aborted`: the connection closed before the response finished.
+   */
+  requestFinished (route: string, method: string, status: number, totalSeconds: number, upstreamSeconds: number | undefined, aborted = false): void {
     this.n.inFlight--
     const r = this.routes.get(route) ?? this.none
+    if (aborted) r.aborted++
     const byClass = r.requests.get(method) ?? r.other
     const i = statusClassIndex(status)
     byClass[i] = (byClass[i] as number) + 1
@@ -194,6 +199,16 @@ function registerExporters (registry: Registry, cells: readonly RouteCells[], n:
           })
         }
       }
+    },
+  })
+  new Counter({
+    name: `${PREFIX}requests_aborted_total`,
+    help: 'Requests whose connection closed before the response finished (the client went away, or the proxy cut a failed stream or, at the shutdown timeout, everything), by route name. Also counted in requests_total, with status 499 when no response had started.',
+    labelNames: ['route'] as const,
+    registers,
+    collect () {
+      this.reset()
+      for (const c of cells) if (c.aborted > 0) this.inc({ route: c.route }, c.aborted)
     },
   })
   registerHistogram(registry, `${PREFIX}request_duration_seconds`, 'Time from request received to response finished, by route name.', cells, c => c.total)

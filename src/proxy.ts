@@ -15,7 +15,7 @@ import { errorCodes, hasErrorCode } from './error-codes.js'
 import { sendError } from './errors.js'
 import { prefixLookalike } from './guard.js'
 import { failResponse, responseFailure } from './response.js'
-import type { Upstreams } from './upstream.js'
+import { abortWhenClientGone, type Upstreams } from './upstream.js'
 
 declare module 'fastify' {
   interface FastifyContextConfig {
@@ -83,6 +83,7 @@ function namesOtherHeaders (value: string | string[]): boolean {
 }
 
 const BODY_TOO_LARGE = 'COS_BODY_TOO_LARGE'
+const UPSTREAM_ABORTED = 'UND_ERR_ABORTED'
 const SMALL_BODY_BYTES = 16 * 1024
 
 /** What reply-from hands onResponse (its typings say a ServerResponse). */
@@ -198,6 +199,7 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
     h.authorization = credentials.current?.next()
     observer?.tokenMinted()
     h['x-request-id'] = request.id
+    abortWhenClientGone(h, request.raw.socket)
     request.upstreamStart = performance.now()
     return h
   }
@@ -219,6 +221,10 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
   }
 
   const onError: NonNullable<FastifyReplyFromHooks['onError']> = (reply, { error }) => {
+    // Only a client that went away aborts an upstream request (its connection
+    // closed: see abortWhenClientGone; or its upload stopped short): no one
+    // to answer, and no upstream fault to count.
+    if (hasErrorCode(error, UPSTREAM_ABORTED)) return
     // The head of an upstream answer that then failed was copied: none of it belongs on this error.
     if (reply.request.upstreamMs >= 0) dropCopiedHeaders(reply)
     if (hasErrorCode(error, BODY_TOO_LARGE)) {

@@ -4,10 +4,14 @@ import { responseFailure } from './response.js'
 /** Per-request counters and histograms; ProxyMetrics implements it. */
 export interface RequestObserver {
   requestStarted: () => void
-  requestFinished: (route: string, method: string, status: number, totalSeconds: number, upstreamSeconds: number | undefined) => void
+  /** `aborted`: the connection closed before the response finished. */
+  requestFinished: (route: string, method: string, status: number, totalSeconds: number, upstreamSeconds: number | undefined, aborted: boolean) => void
   /** A response that could not be written (its connection was closed instead); before its requestFinished. */
   responseFailed?: (route: string) => void
 }
+
+/** nginx's "client closed request": logged when the connection closed before any status was sent. */
+export const CLIENT_CLOSED_REQUEST = 499
 
 /**
  * One line per request, written when the response is closed: method, route
@@ -17,7 +21,9 @@ export interface RequestObserver {
  *
  * Fastify reports completion on the response's `finish`; a client that goes
  * away mid-response never gets there, so the line (and the in-flight gauge)
- * hang off `close`, which fires exactly once either way.
+ * hang off `close`, which fires exactly once either way. Such a line says
+ * `aborted`, and its status is 499 when no response had started (Fastify's
+ * default 200 would claim an answer nobody sent).
  */
 export class RequestLog extends LogController {
   readonly #observer: RequestObserver | undefined
@@ -47,14 +53,15 @@ export class RequestLog extends LogController {
       this.#observer?.responseFailed?.(route)
       request.log.error({ err: failure }, 'the response could not be written: its connection was closed')
     }
+    const status = aborted && !reply.raw.headersSent ? CLIENT_CLOSED_REQUEST : reply.statusCode
     const elapsedMs = reply.elapsedTime
     // eslint-disable-next-line @typescript-eslint/no-unnecessary-condition -- undefined on requests no proxy route handled
     const upstreamMs = request.upstreamMs ?? -1
-    this.#observer?.requestFinished(route, request.method, reply.statusCode, elapsedMs / 1000, upstreamMs < 0 ? undefined : upstreamMs / 1000)
+    this.#observer?.requestFinished(route, request.method, status, elapsedMs / 1000, upstreamMs < 0 ? undefined : upstreamMs / 1000, aborted)
     const line = {
       method: request.method,
       route,
-      status: reply.statusCode,
+      status,
       durationMs: Math.round(elapsedMs * 100) / 100,
       ...(upstreamMs < 0 ? {} : { upstreamMs: Math.round(upstreamMs * 100) / 100 }),
       ...(aborted ? { aborted } : {}),

@@ -368,11 +368,15 @@ function exitAfterFlush (logger: Logger, code: number): void {
   logger.flush(() => process.exit(code))
 }
 
+/** How long the drain may still take once the shutdown timeout has cut everything (it needs milliseconds). */
+const EXIT_GRACE_MS = 500
+
+
 /** What the proxy and its request log report, counted in `metrics`. */
 export function metricsObserver (metrics: ProxyMetrics): ProxyObserver & RequestObserver {
   return {
     requestStarted: () => metrics.requestStarted(),
-    requestFinished: (route, method, status, total, upstream) => metrics.requestFinished(route, method, status, total, upstream),
+    requestFinished: (route, method, status, total, upstream, aborted) => metrics.requestFinished(route, method, status, total, upstream, aborted),
     upstreamError: (route, err) => metrics.upstreamError(route, classifyUpstreamError(err)),
     retried: (route, reason) => metrics.retried(route, reason),
     tokenMinted: () => metrics.tokenMinted(),
@@ -400,8 +404,9 @@ export interface ServeOptions {
  * Runs the sidecar until SIGTERM, SIGINT or POST /quitquitquit, then drains:
  * readiness turns 503 at once; after COS_SHUTDOWN_DELAY_MS the listener stops
  * accepting and idle keep-alive connections are closed; requests in flight
- * (streams included) get up to COS_SHUTDOWN_TIMEOUT_MS, then the rest are cut;
- * exit 0. A second signal exits at once.
+ * (streams included) get up to COS_SHUTDOWN_TIMEOUT_MS, then the rest are cut
+ * on both sides, the client's connection and the upstream request; exit 0, at
+ * most EXIT_GRACE_MS after the timeout. A second signal exits at once.
  */
 export async function serve (opts: ServeOptions): Promise<void> {
   const { config, logger } = opts
@@ -445,16 +450,14 @@ export async function serve (opts: ServeOptions): Promise<void> {
     draining = true
     logger.info({ cause, delayMs: config.shutdownDelayMs, timeoutMs: config.shutdownTimeoutMs }, 'draining: readiness is now 503')
     if (config.shutdownDelayMs > 0) await sleep(config.shutdownDelayMs)
-    const cut = setTimeout(() => {
-      logger.warn('shutdown timeout reached: cutting the requests still in flight')
-      app.server.closeAllConnections()
-    }, config.shutdownTimeoutMs)
+    // Armed until the very end: whatever step the drain is in when the
+    // timeout runs out, it is not waited for beyond it.
+    const cut = setTimeout(cutWhatIsLeft, config.shutdownTimeoutMs)
     // server.close() closes the connections idle at that moment only; a
     // keep-alive connection whose last request finishes during the drain
     // would otherwise hold the exit until the timeout.
     const reap = setInterval(() => app.server.closeIdleConnections(), 50)
     await app.close() // stops accepting, then waits for the requests in flight
-    clearTimeout(cut)
     clearInterval(reap)
     // Responses emit 'close' (which writes their log line) a few ticks after
     // their socket is gone; let them, so the last lines are not lost at exit.
@@ -463,7 +466,26 @@ export async function serve (opts: ServeOptions): Promise<void> {
     watcher.close()
     await admin.close()
     await opts.onClose?.()
+    clearTimeout(cut)
     logger.info('stopped')
+  }
+
+  /**
+   * The shutdown timeout: cut the clients' connections (which aborts their
+   * upstream requests), destroy the upstream pools (so nothing waits for an
+   * upstream that does not answer), and the admin listener's connections.
+   * What is left of the drain then takes milliseconds; should something
+   * still hang, the process exits EXIT_GRACE_MS later all the same.
+   */
+  const cutWhatIsLeft = (): void => {
+    logger.warn('shutdown timeout reached: cutting the requests still in flight')
+    app.server.closeAllConnections()
+    admin.server.closeAllConnections()
+    upstreams.destroy().catch((err: unknown) => logger.warn({ err }, 'destroying the upstream pools failed'))
+    setTimeout(() => {
+      logger.warn('shutdown: exiting with the drain unfinished')
+      exitAfterFlush(logger, 0)
+    }, EXIT_GRACE_MS).unref()
   }
 
   let stopping: Promise<void> | undefined

@@ -2,8 +2,11 @@
 // behind a corporate egress proxy, a ProxyAgent), behind a dispatcher whose
 // pool can be replaced when TLS material changes (a rotated CA bundle or
 // client certificate), without a restart and without cutting requests in
-// flight on the old pool.
+// flight on the old pool. An upstream request is aborted as soon as the
+// client it answers goes away.
+import { EventEmitter } from 'node:events'
 import { unwatchFile, watchFile, type Stats } from 'node:fs'
+import type { Socket } from 'node:net'
 import { rootCertificates } from 'node:tls'
 import type { FastifyBaseLogger } from 'fastify'
 import { Dispatcher, Pool, ProxyAgent, errors, type buildConnector } from 'undici'
@@ -199,9 +202,66 @@ export function egressProblem (error: Error, httpProxy: EgressProxy | undefined)
   return undefined
 }
 
+// The key, on an upstream request's headers, of the signal that aborts it.
+// undici sends only a headers object's string keys, so this never leaves.
+const ABORT_SIGNAL = Symbol('cos-auth-proxy.abortSignal')
+type SignalledHeaders = Record<typeof ABORT_SIGNAL, ClientGone | undefined>
+
+// One instance for every connection: a stack would point here and say nothing.
+const CLIENT_GONE = Object.assign(new errors.RequestAbortedError('the client closed its connection'), { stack: 'AbortError: the client closed its connection' })
+
+/**
+ * Emits 'abort' when a client connection closes: nobody is left to read
+ * what the upstream would answer. One per connection, shared by the requests
+ * on it; the socket rather than the response, whose 'close' never fires for
+ * a pipelined request queued behind another. An EventEmitter, which undici
+ * takes as a signal as it takes an AbortSignal: its listeners cost a quarter
+ * of an AbortSignal's (~60 against ~300 ns per request, measured).
+ */
+class ClientGone extends EventEmitter {
+  aborted = false
+  reason: Error | undefined
+
+  constructor (socket: Socket) {
+    super()
+    // Every request in flight on the connection listens, pipelined ones included.
+    this.setMaxListeners(0)
+    if (socket.closed) this.#abort()
+    else socket.once('close', () => this.#abort())
+  }
+
+  #abort (): void {
+    this.aborted = true
+    this.reason = CLIENT_GONE
+    this.emit('abort')
+  }
+}
+
+const clientsGone = new WeakMap<Socket, ClientGone>()
+
+/**
+ * Ties an upstream request to the client connection it answers, by marking
+ * the headers it will be sent with: SwappableDispatcher aborts the request,
+ * at any stage, once that connection closes. (@fastify/reply-from passes no
+ * signal to undici, and before the response headers it notices nothing.)
+ */
+export function abortWhenClientGone (headers: object, socket: Socket): void {
+  let gone = clientsGone.get(socket)
+  if (gone === undefined) {
+    gone = new ClientGone(socket)
+    clientsGone.set(socket, gone)
+  }
+  (headers as SignalledHeaders)[ABORT_SIGNAL] = gone
+}
+
+type RequestCallback<T> = (err: Error | null, data: Dispatcher.ResponseData<T>) => void
+
 /** A Dispatcher whose underlying pool can be replaced; @fastify/reply-from sees one stable object. */
 export class SwappableDispatcher extends Dispatcher {
   #pool: Dispatcher
+  /** Replaced pools still finishing their requests. */
+  readonly #retiring = new Set<Dispatcher>()
+  #destroyed = false
 
   constructor (pool: Dispatcher) {
     super()
@@ -212,19 +272,41 @@ export class SwappableDispatcher extends Dispatcher {
     return this.#pool.dispatch(options, handler)
   }
 
+  // The signal marked on the headers (abortWhenClientGone) goes in here: undici
+  // reads `signal` when request() builds its handler, before dispatch. It is
+  // set on the options themselves, which reply-from builds afresh for each
+  // attempt (lib/request.js); `{ ...options, signal }` would cost ~2 µs on
+  // Node 20 (a spread plus a key leaves V8's fast path).
+  override request<T = null> (options: Dispatcher.RequestOptions<T>, callback: RequestCallback<T>): void
+  override request<T = null> (options: Dispatcher.RequestOptions<T>): Promise<Dispatcher.ResponseData<T>>
+  override request<T = null> (options: Dispatcher.RequestOptions<T>, callback?: RequestCallback<T>): void | Promise<Dispatcher.ResponseData<T>> {
+    const signal = (options.headers as Partial<SignalledHeaders> | null | undefined)?.[ABORT_SIGNAL]
+    if (signal !== undefined) options.signal = signal
+    return callback === undefined ? super.request(options) : super.request(options, callback)
+  }
+
+  /** The pool's counters; undefined behind an egress proxy (a ProxyAgent keeps its pools to itself). */
+  get stats (): Pool['stats'] | undefined {
+    return this.#pool instanceof Pool ? this.#pool.stats : undefined
+  }
+
   /** Installs `next`; the old pool finishes what it has and closes. */
   replace (next: Dispatcher): Promise<void> {
     const old = this.#pool
     this.#pool = next
-    return old.close()
+    this.#retiring.add(old)
+    return old.close().finally(() => this.#retiring.delete(old))
   }
 
   override close (): Promise<void> {
-    return this.#pool.close()
+    // After destroy() there is nothing left to wait for (and undici would reject).
+    return this.#destroyed ? Promise.resolve() : this.#pool.close()
   }
 
-  override destroy (): Promise<void> {
-    return this.#pool.destroy()
+  /** Aborts every request still in flight, on the current pool and on replaced ones. */
+  override async destroy (): Promise<void> {
+    this.#destroyed = true
+    await Promise.all([this.#pool, ...this.#retiring].map(p => p.destroy()))
   }
 }
 
@@ -302,9 +384,20 @@ export class Upstreams {
     this.#watched = paths
   }
 
+  /** Stops watching the files and waits for the requests in flight. */
   async close (): Promise<void> {
+    this.#unwatch()
+    await Promise.all([...this.#dispatchers.values()].map(d => d.close()))
+  }
+
+  /** Stops watching the files, aborts every request in flight and closes every connection now. */
+  async destroy (): Promise<void> {
+    this.#unwatch()
+    await Promise.all([...this.#dispatchers.values()].map(d => d.destroy()))
+  }
+
+  #unwatch (): void {
     for (const p of this.#watched) unwatchFile(p)
     this.#watched = []
-    await Promise.all([...this.#dispatchers.values()].map(d => d.close()))
   }
 }

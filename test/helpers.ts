@@ -2,7 +2,7 @@
 // real proxy listening on 127.0.0.1. No mocks of the network.
 import { createHash } from 'node:crypto'
 import { createServer, request as httpRequest, type IncomingHttpHeaders, type IncomingMessage, type Server, type ServerResponse } from 'node:http'
-import { createServer as createNetServer, type AddressInfo, type Server as NetServer } from 'node:net'
+import { createServer as createNetServer, type AddressInfo, type Server as NetServer, type Socket } from 'node:net'
 import { Writable } from 'node:stream'
 import type { FastifyInstance } from 'fastify'
 import { loadConfig, type Config } from '../src/config.js'
@@ -149,4 +149,51 @@ export function json (res: SimpleResponse): unknown {
 
 export function sha256 (data: Buffer): string {
   return createHash('sha256').update(data).digest('hex')
+}
+
+export interface StallingUpstream {
+  readonly url: string
+  /** Request heads received so far. */
+  heads: () => number
+  /** When each connection that brought a request closed (ms since the epoch). */
+  readonly closedAt: number[]
+  close: () => Promise<void>
+}
+
+/**
+ * An HTTP upstream on a raw TCP server that records when each connection
+ * brought a request head and when it closed. `answer` runs once per
+ * connection, on the head; by default nothing is ever answered.
+ */
+export async function stallingUpstream (answer: (socket: Socket, head: string) => void = () => undefined): Promise<StallingUpstream> {
+  const sockets = new Set<Socket>()
+  const closedAt: number[] = []
+  let heads = 0
+  const server = createNetServer(socket => {
+    sockets.add(socket)
+    socket.on('error', () => undefined)
+    let head = ''
+    socket.on('data', (chunk: Buffer) => {
+      if (head.includes('\r\n\r\n')) return
+      head += chunk.toString('latin1')
+      if (!head.includes('\r\n\r\n')) return
+      heads++
+      answer(socket, head)
+    })
+    socket.on('close', () => { sockets.delete(socket); if (head !== '') closedAt.push(Date.now()) })
+  })
+  const port = await listenOnLoopback(server)
+  return {
+    url: `http://127.0.0.1:${port}`,
+    heads: () => heads,
+    closedAt,
+    close: () => new Promise(resolve => { for (const s of sockets) s.destroy(); server.close(() => resolve()) }),
+  }
+}
+
+/** An answer for stallingUpstream: a response head, then a chunk of body every 20 ms for as long as the connection lasts. */
+export function streamForever (socket: Socket): void {
+  socket.write('HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n')
+  const tick = setInterval(() => { if (socket.writable) socket.write('6\r\ndata:\n\r\n') }, 20)
+  socket.on('close', () => clearInterval(tick))
 }

@@ -69,6 +69,7 @@ t.test('a fresh registry declares every metric with its type; fixed sets start a
   const e = await scrape(new ProxyMetrics({ defaultMetrics: false }))
   t.same(Object.fromEntries([...e.types].filter(([name]) => name.startsWith(P))), {
     [`${P}requests_total`]: 'counter',
+    [`${P}requests_aborted_total`]: 'counter',
     [`${P}request_duration_seconds`]: 'histogram',
     [`${P}upstream_duration_seconds`]: 'histogram',
     [`${P}upstream_errors_total`]: 'counter',
@@ -84,7 +85,7 @@ t.test('a fresh registry declares every metric with its type; fixed sets start a
   t.equal(value(e, `${P}tokens_minted_total`), 0)
   t.equal(value(e, `${P}credential_last_reload_timestamp_seconds`), 0)
   t.equal(value(e, `${P}in_flight_requests`), 0)
-  for (const name of ['requests_total', 'request_duration_seconds_count', 'upstream_duration_seconds_count', 'upstream_errors_total', 'upstream_retries_total', 'response_failures_total']) {
+  for (const name of ['requests_total', 'requests_aborted_total', 'request_duration_seconds_count', 'upstream_duration_seconds_count', 'upstream_errors_total', 'upstream_retries_total', 'response_failures_total']) {
     t.same(find(e, P + name), [], `${name}: no series before anything happened`)
   }
 })
@@ -107,6 +108,19 @@ t.test('requestFinished counts by route, method and status class', async t => {
   t.equal(count('api', 'PATCH', '3xx'), 1)
   t.equal(count('api', 'OPTIONS', '1xx'), 1)
   t.equal(find(e, `${P}requests_total`).length, 6, 'only the combinations seen')
+})
+
+t.test('requests whose connection closed before the response finished are counted per route, on top of requests_total', async t => {
+  const m = new ProxyMetrics({ defaultMetrics: false })
+  m.requestFinished('management', 'GET', 499, 0.5, undefined, true)
+  m.requestFinished('management', 'GET', 200, 2, 0.01, true)
+  m.requestFinished('management', 'GET', 200, 0.01, 0.01, false)
+  m.requestFinished('optimize', 'GET', 200, 0.01, 0.01)
+  const e = await scrape(m)
+  t.equal(value(e, `${P}requests_aborted_total`, { route: 'management' }), 2)
+  t.equal(find(e, `${P}requests_aborted_total`).length, 1, 'no series for a route without aborts')
+  t.equal(value(e, `${P}requests_total`, { route: 'management', method: 'GET', status_class: '4xx' }), 1)
+  t.equal(value(e, `${P}requests_total`, { route: 'management', method: 'GET', status_class: '2xx' }), 2)
 })
 
 t.test('labels stay bounded: raw paths, odd methods and odd statuses fold into fixed values', async t => {
