@@ -53,7 +53,9 @@ export class RequestLog extends LogController {
       this.#observer?.responseFailed?.(route)
       request.log.error({ err: failure }, 'the response could not be written: its connection was closed')
     }
-    const status = aborted && !reply.raw.headersSent ? CLIENT_CLOSED_REQUEST : reply.statusCode
+    // A reply the proxy itself took over (a request dropped behind a refusal,
+    // server.ts) keeps the status it was given: no client closed that one.
+    const status = aborted && !reply.raw.headersSent && !reply.sent ? CLIENT_CLOSED_REQUEST : reply.statusCode
     const elapsedMs = reply.elapsedTime
     // eslint-disable-next-line @typescript-eslint/no-unnecessary-condition -- undefined on requests no proxy route handled
     const upstreamMs = request.upstreamMs ?? -1
