@@ -87,11 +87,13 @@ export interface Config {
   }
   /** The forward proxies upstream connections go through (HTTPS_PROXY, HTTP_PROXY, NO_PROXY). */
   readonly egress: Egress
+  /** Shift minted timestamps by the upstream clock's measured offset (COS_CLOCK_SKEW_CORRECTION). */
+  readonly clockSkewCorrection: boolean
 }
 
 interface VarSpec {
-  readonly type: 'string' | 'integer'
-  readonly default?: string | number
+  readonly type: 'string' | 'integer' | 'boolean'
+  readonly default?: string | number | boolean
   readonly enum?: readonly string[]
   readonly minimum?: number
   readonly maximum?: number
@@ -120,6 +122,8 @@ export const VARIABLES = {
   COS_ACCESS_KEY: { type: 'string', expect: 'must be the access key' },
   COS_ACCESS_KEY_SECRET: { type: 'string', expect: 'must be the access key secret', secret: true },
   COS_TOKEN_ENCODING: { type: 'string', default: 'url', enum: TOKEN_ENCODINGS, expect: `must be one of ${TOKEN_ENCODINGS.join(', ')}` },
+  // JSON Schema's boolean, as env-schema coerces it: exactly "true" or "false".
+  COS_CLOCK_SKEW_CORRECTION: { type: 'boolean', default: false, expect: 'must be true or false' },
   COS_UPSTREAM_TIMEOUT_MS: { ...TIMEOUT, default: 30_000 },
   COS_CONNECT_TIMEOUT_MS: { ...TIMEOUT, default: 5_000 },
   COS_LOG_LEVEL: { type: 'string', default: 'info', enum: LOG_LEVELS, expect: `must be one of ${LOG_LEVELS.join(', ')}` },
@@ -158,7 +162,8 @@ export const VARIABLES = {
 } as const satisfies Record<string, VarSpec>
 
 export type VariableName = keyof typeof VARIABLES
-type Raw = { -readonly [K in VariableName]: (typeof VARIABLES)[K]['type'] extends 'integer' ? number : string | undefined }
+type RawValue<T> = T extends 'integer' ? number : T extends 'boolean' ? boolean : string | undefined
+type Raw = { -readonly [K in VariableName]: RawValue<(typeof VARIABLES)[K]['type']> }
 
 function jsonSchema (): object {
   const properties: Record<string, object> = {}
@@ -287,6 +292,7 @@ function build (raw: Raw, needs: NonNullable<LoadOptions['needs']>): Config {
     },
     // Only serving connects upstream: a stray proxy variable must not stop `token` or `verify`.
     egress: needs === 'all' ? egress(raw) : { noProxy: [] },
+    clockSkewCorrection: raw.COS_CLOCK_SKEW_CORRECTION,
   }
 }
 

@@ -71,19 +71,27 @@ export async function readPair (credentials: Config['credentials'], encoding: To
  */
 export class CredentialStore {
   #minter: HeaderMinter | undefined
+  #loadedAt: Date | undefined
 
   constructor (initial?: HeaderMinter) {
     this.#minter = initial
+    this.#loadedAt = initial === undefined ? undefined : new Date()
   }
 
   get current (): HeaderMinter | undefined {
     return this.#minter
   }
 
+  /** When the pair in force was put in force (for the diagnosis of an upstream 401). */
+  get loadedAt (): Date | undefined {
+    return this.#loadedAt
+  }
+
   /** Installs `next`; returns true when it is a different pair from the one in force. */
   swap (next: HeaderMinter): boolean {
     const prev = this.#minter
     this.#minter = next
+    this.#loadedAt = new Date()
     return prev === undefined || !prev.samePair(next)
   }
 }

@@ -74,6 +74,8 @@ interface Scalars {
   tokensMinted: number
   /** Unix seconds of the last good read of the key pair; 0 = none yet. */
   lastGoodReload: number
+  /** Upstream clock minus local clock, seconds; NaN = not measured yet. */
+  upstreamClockSkew: number
   readonly reloads: Record<ReloadResult, number>
   readonly refusals: Record<CredentialRefusal, number>
 }
@@ -101,6 +103,7 @@ export class ProxyMetrics {
     inFlight: 0,
     tokensMinted: 0,
     lastGoodReload: 0,
+    upstreamClockSkew: NaN,
     reloads: { applied: 0, unchanged: 0, rejected: 0 },
     refusals: { not_a_regular_file: 0, too_large: 0, read_timeout: 0 },
   }
@@ -170,6 +173,11 @@ export class ProxyMetrics {
     this.n.reloads[result]++
     if (refused !== undefined) this.n.refusals[refused]++
     if (result !== 'rejected') this.n.lastGoodReload = Date.now() / 1000
+  }
+
+  /** One measurement of the upstream's clock (at most one a second; see upstream-clock.ts). */
+  upstreamClockSkew (seconds: number): void {
+    this.n.upstreamClockSkew = seconds
   }
 
   text (): Promise<string> {
@@ -275,6 +283,9 @@ function registerExporters (registry: Registry, cells: readonly RouteCells[], n:
     registers,
     collect () { this.set(n.lastGoodReload) },
   })
+  registerSampledGauge(registry, `${PREFIX}upstream_clock_skew_seconds`,
+    'Upstream clock minus local clock, from the Date header of the upstream\'s answers (positive: this node\'s clock is behind); ±1 s is the resolution. Absent until measured.',
+    () => n.upstreamClockSkew)
   new Gauge({
     name: `${PREFIX}in_flight_requests`,
     help: 'Requests received and not yet answered.',
@@ -283,43 +294,62 @@ function registerExporters (registry: Registry, cells: readonly RouteCells[], n:
   })
 }
 
+/**
+ * A gauge with no series until its first value (prom-client's label-less
+ * Gauge always shows one, 0 before anything is set: for a clock skew, a
+ * claim that the clocks agree).
+ */
+function registerSampledGauge (registry: Registry, name: string, help: string, read: () => number): void {
+  registerMetric(registry, name, help, 'gauge', () => {
+    const value = read()
+    return Number.isNaN(value) ? [] : [{ metricName: name, labels: {}, value }]
+  })
+}
+
 type Sample = { readonly metricName: string, readonly labels: Readonly<Record<string, string | number>>, readonly value: number }
 
 /**
- * prom-client's Histogram has no way to load bucket counts kept elsewhere, so
- * the two histograms are registered as plain metric objects with the `get()`
- * shape the Registry reads (the same one prom-client's own Histogram returns).
+ * A metric whose samples are computed at scrape time from state kept
+ * elsewhere, registered as a plain object with the `get()` shape the Registry
+ * reads (the same one prom-client's own metrics return).
  */
-function registerHistogram (registry: Registry, name: string, help: string, cells: readonly RouteCells[], pick: (c: RouteCells) => HistogramCell): void {
+function registerMetric (registry: Registry, name: string, help: string, type: 'gauge' | 'histogram', samples: () => Sample[]): void {
   const metric = {
     name,
     help,
-    type: 'histogram',
+    type,
     aggregator: 'sum',
-    // The state lives in the cells; Registry.resetMetrics() leaves it alone.
+    // The state lives elsewhere; Registry.resetMetrics() leaves it alone.
     reset (): void { /* nothing to reset here */ },
     get (): Promise<{ name: string, help: string, type: string, aggregator: string, values: Sample[] }> {
-      const values: Sample[] = []
-      for (const c of cells) {
-        const h = pick(c)
-        if (h.count === 0) continue
-        let cumulative = 0
-        LATENCY_BUCKETS.forEach((le, i) => {
-          cumulative += h.counts[i] as number
-          values.push({ metricName: `${name}_bucket`, labels: { route: c.route, le }, value: cumulative })
-        })
-        values.push(
-          { metricName: `${name}_bucket`, labels: { route: c.route, le: '+Inf' }, value: h.count },
-          { metricName: `${name}_sum`, labels: { route: c.route }, value: h.sum },
-          { metricName: `${name}_count`, labels: { route: c.route }, value: h.count },
-        )
-      }
-      return Promise.resolve({ name, help, type: 'histogram', aggregator: 'sum', values })
+      return Promise.resolve({ name, help, type, aggregator: 'sum', values: samples() })
     },
   }
   // registerMetric is typed for prom-client's own classes only; the Registry
   // itself reads name, get() and reset() (lib/registry.js).
   registry.registerMetric(metric as unknown as Histogram)
+}
+
+/** prom-client's Histogram has no way to load bucket counts kept elsewhere. */
+function registerHistogram (registry: Registry, name: string, help: string, cells: readonly RouteCells[], pick: (c: RouteCells) => HistogramCell): void {
+  registerMetric(registry, name, help, 'histogram', () => {
+    const values: Sample[] = []
+    for (const c of cells) {
+      const h = pick(c)
+      if (h.count === 0) continue
+      let cumulative = 0
+      LATENCY_BUCKETS.forEach((le, i) => {
+        cumulative += h.counts[i] as number
+        values.push({ metricName: `${name}_bucket`, labels: { route: c.route, le }, value: cumulative })
+      })
+      values.push(
+        { metricName: `${name}_bucket`, labels: { route: c.route, le: '+Inf' }, value: h.count },
+        { metricName: `${name}_sum`, labels: { route: c.route }, value: h.sum },
+        { metricName: `${name}_count`, labels: { route: c.route }, value: h.count },
+      )
+    }
+    return values
+  })
 }
 
 // ── upstream error classification ────────────────────────────────────────────

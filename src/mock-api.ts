@@ -15,7 +15,7 @@ export interface MockApiOptions {
   /** Accepted clock difference either way; default 300_000 (±5 min). */
   readonly maxSkewMs?: number
   readonly logger?: FastifyBaseLogger | boolean
-  /** ns since the epoch; for tests. Default: wall clock. */
+  /** ns since the epoch; for tests. Default: wall clock. Tokens are checked against it and every answer's Date header shows it. */
   readonly now?: () => bigint
   /** Most nonces remembered at once; default 100_000. Small values are for tests. */
   readonly maxNonces?: number
@@ -76,6 +76,11 @@ class NonceCache {
 
 interface AuthFailure { readonly code: AuthErrorCode, readonly message: string }
 
+/** IMF-fixdate (RFC 9110 §5.6.7), whole seconds. */
+function httpDate (ns: bigint): string {
+  return new Date(Number(ns / 1_000_000n)).toUTCString()
+}
+
 function errorBody (code: string, message: string): { error: { code: string, message: string } } {
   return { error: { code, message } }
 }
@@ -113,6 +118,9 @@ export function buildMockApi (opts: MockApiOptions): FastifyInstance {
 
   /** True when the request may go on; otherwise it has been answered 401. */
   function admit (request: FastifyRequest, reply: FastifyReply): boolean {
+    // A server's Date and its token check read one clock: an upstream whose
+    // clock is off shows it in every answer, refusals included.
+    reply.header('date', httpDate(now()))
     const failure = authenticate(request.headers.authorization)
     if (failure === undefined) return true
     request.log.info({ authError: failure.code }, 'request rejected')

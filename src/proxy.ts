@@ -15,6 +15,8 @@ import { errorCodes, hasErrorCode } from './error-codes.js'
 import { sendError } from './errors.js'
 import { prefixLookalike } from './guard.js'
 import { failResponse, responseFailure } from './response.js'
+import type { RefusalStatus } from './auth-refusals.js'
+import type { UpstreamClock } from './upstream-clock.js'
 import { abortWhenClientGone, type Upstreams } from './upstream.js'
 
 declare module 'fastify' {
@@ -37,6 +39,8 @@ export interface ProxyObserver {
   upstreamError: (route: RouteName, err: Error) => void
   retried: (route: RouteName, reason: 'connect' | 'unauthorized') => void
   tokenMinted: () => void
+  /** A measurement of the upstream's clock, in seconds (upstream minus local). */
+  upstreamClockSkew?: (seconds: number) => void
 }
 
 export interface ProxyOptions {
@@ -50,6 +54,10 @@ export interface ProxyOptions {
   readonly dropHeader?: string
   /** 0 = unlimited. Streamed bodies are counted as they pass. */
   readonly maxBodyBytes?: number
+  /** Reads the upstream's clock off its answers (sampled). */
+  readonly clock?: UpstreamClock
+  /** An upstream answered 401 or 403 (rate-limited diagnosis; never on the request's time). */
+  readonly authRefused?: (route: RouteName, status: RefusalStatus) => void
 }
 
 // Hop-by-hop (RFC 9110 §7.6.1; HTTP2-Settings of an h2c upgrade, RFC 7540
@@ -182,7 +190,7 @@ export function upstreamErrorStatus (error: Error): 502 | 504 {
 }
 
 export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions): Promise<void> {
-  const { credentials, upstreams, observer, dropHeader } = opts
+  const { credentials, upstreams, observer, dropHeader, clock, authRefused } = opts
   const maxBody = opts.maxBodyBytes ?? 0
 
   // Bodies are streamed, never parsed or buffered: drop Fastify's JSON and
@@ -205,8 +213,10 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
   }
 
   const rewriteHeaders: NonNullable<FastifyReplyFromHooks['rewriteHeaders']> = (headers, request) => {
-    if (request !== undefined) request.upstreamMs = performance.now() - request.upstreamStart
+    const now = performance.now()
+    if (request !== undefined) request.upstreamMs = now - request.upstreamStart
     const h = headers as IncomingHttpHeaders
+    clock?.observe(h, now)
     // A new object rather than deletes: reply-from copies every key it finds
     // (so undefined will not do), and a delete drops the object to a slow
     // dictionary shape (measured: a copy of the usual five headers is ~5×
@@ -279,6 +289,10 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
     if (reply.sent) {
       stream.destroy()
       return
+    }
+    if ((statusCode === 401 || statusCode === 403) && authRefused !== undefined) {
+      const route = request.routeOptions.config.routeName
+      if (route !== undefined) authRefused(route, statusCode)
     }
     if (request.method === 'HEAD' || statusCode === 204 || statusCode === 304) {
       sendHeadOnly(reply, statusCode, stream)

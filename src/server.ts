@@ -8,9 +8,10 @@ import { setTimeout as sleep } from 'node:timers/promises'
 import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply } from 'fastify'
 import type { Logger } from 'pino'
 import { buildAdminServer, type Readiness } from './admin.js'
+import { AuthRefusals } from './auth-refusals.js'
 import { reapIdleConnections, type WithPendingResponse } from './connections.js'
 import { PROXY_METHODS, type Config } from './config.js'
-import { CredentialWatcher } from './credential-watcher.js'
+import { CredentialWatcher, type ReloadOutcome } from './credential-watcher.js'
 import { CredentialStore } from './credentials.js'
 import { sendError } from './errors.js'
 import { allowList, browserPolicy, hasRequiredHeader, hostProblem, isLoopbackAddress, originProblem, peerAllowed, targetProblem } from './guard.js'
@@ -18,6 +19,8 @@ import { ProxyMetrics, classifyUpstreamError } from './metrics.js'
 import { proxyPlugin, type ProxyObserver } from './proxy.js'
 import { RequestLog, type RequestObserver } from './request-log.js'
 import { GuardedResponse } from './response.js'
+import { readUpstreamClocks, UpstreamClock, type ClockThresholds } from './upstream-clock.js'
+import type { MintingClock } from './token.js'
 import { Upstreams } from './upstream.js'
 
 // A client-chosen id is kept when it is a sane token; anything else (too
@@ -251,6 +254,17 @@ export interface ProxyServerOptions {
   readonly resyncCredentials?: () => void
   /** Built from `observer` when not given. */
   readonly requestLog?: RequestLog
+  /** Re-reads the credential files, sharing any read under way (to diagnose an upstream 401/403); unset for literal values. */
+  readonly rereadCredentials?: () => Promise<ReloadOutcome>
+  /** Thresholds and intervals of the clock and 401 diagnostics; defaults in upstream-clock.ts and auth-refusals.ts (tests shorten them). */
+  readonly diagnostics?: Diagnostics
+  /** The clock the store's minters stamp with, whose offset the correction moves; default the process-wide one (tests give each proxy its own). */
+  readonly mintingClock?: MintingClock
+}
+
+export interface Diagnostics extends ClockThresholds {
+  /** At most one warning about upstream 401/403 answers per this many ms. */
+  readonly refusalWarningIntervalMs?: number
 }
 
 export function upstreamsFor (config: Config, logger: FastifyBaseLogger): Upstreams {
@@ -313,6 +327,7 @@ export async function buildProxyServer (opts: ProxyServerOptions): Promise<Fasti
 
   const upstreams = opts.upstreams ?? upstreamsFor(config, opts.logger)
   app.addHook('onClose', async () => { await upstreams.close() })
+  const { clock, authRefused } = diagnose(app, opts, upstreams)
 
   // Refused before the body is read: close the connection rather than have
   // Node read (and discard) a body nobody wants to keep the socket alive.
@@ -354,8 +369,39 @@ export async function buildProxyServer (opts: ProxyServerOptions): Promise<Fasti
     maxBodyBytes: config.maxBodyBytes,
     ...(opts.observer === undefined ? {} : { observer: opts.observer }),
     ...(opts.resyncCredentials === undefined ? {} : { resyncCredentials: opts.resyncCredentials }),
+    clock,
+    authRefused,
   })
   return app
+}
+
+/**
+ * The upstream's clock, read off its answers (and, with the correction on,
+ * once before the proxy takes requests), and the warning about upstream
+ * 401/403 answers.
+ */
+function diagnose (app: FastifyInstance, opts: ProxyServerOptions, upstreams: Upstreams): { clock: UpstreamClock, authRefused: AuthRefusals['refused'] } {
+  const { config, logger, observer } = opts
+  const { refusalWarningIntervalMs, ...thresholds } = opts.diagnostics ?? {}
+  const clock = new UpstreamClock({
+    ...thresholds,
+    logger,
+    correct: config.clockSkewCorrection,
+    ...(opts.mintingClock === undefined ? {} : { clock: opts.mintingClock }),
+    onMeasured: seconds => { observer?.upstreamClockSkew?.(seconds) },
+  })
+  app.addHook('onClose', (_instance, done) => { clock.close(); done() })
+  if (config.clockSkewCorrection) {
+    app.addHook('onReady', async () => { await readUpstreamClocks(clock, upstreams, config.routes, config.connectTimeoutMs, logger) })
+  }
+  const refusals = new AuthRefusals({
+    store: opts.credentials,
+    clock,
+    logger,
+    ...(opts.rereadCredentials === undefined ? {} : { reread: opts.rereadCredentials }),
+    ...(refusalWarningIntervalMs === undefined ? {} : { intervalMs: refusalWarningIntervalMs }),
+  })
+  return { clock, authRefused: (route, status) => { refusals.refused(route, status) } }
 }
 
 /**
@@ -381,7 +427,12 @@ export function metricsObserver (metrics: ProxyMetrics): ProxyObserver & Request
     retried: (route, reason) => metrics.retried(route, reason),
     tokenMinted: () => metrics.tokenMinted(),
     responseFailed: route => metrics.responseFailed(route),
+    upstreamClockSkew: seconds => metrics.upstreamClockSkew(seconds),
   }
+}
+
+function usesFiles (config: Config): boolean {
+  return config.credentials.accessKey.file !== undefined || config.credentials.secret.file !== undefined
 }
 
 /** For the start line: the egress proxy a route goes through, password redacted. */
@@ -435,6 +486,7 @@ export async function serve (opts: ServeOptions): Promise<void> {
     observer,
     requestLog,
     resyncCredentials: () => { watcher.nudge() },
+    ...(usesFiles(config) ? { rereadCredentials: () => watcher.reload() } : {}),
   })
 
   let listening = false

@@ -73,6 +73,7 @@ t.test('a bad config exits 78 with one line naming the variable', async t => {
     [['token'], { COS_ACCESS_KEY: ACCESS_KEY, COS_ACCESS_KEY_SECRET_FILE: '/nonexistent/secret' }, /COS_ACCESS_KEY_SECRET_FILE cannot read/],
     [['serve'], { ...CREDS, COS_API_URL: 'http://127.0.0.1:1', COS_CA_FILE: '/nonexistent/ca.pem' }, /COS_CA_FILE cannot read/],
     [['config'], { ...CREDS, COS_API_URL: 'http://127.0.0.1:1', COS_TOKEN_ENCODING: 'hex' }, /COS_TOKEN_ENCODING/],
+    [['serve'], { ...CREDS, COS_API_URL: 'http://127.0.0.1:1', COS_CLOCK_SKEW_CORRECTION: 'yes' }, /^cos-auth-proxy: config: COS_CLOCK_SKEW_CORRECTION must be true or false \(got "yes"\)$/m],
     [['token'], { COS_ACCESS_KEY_SECRET: SECRET }, /COS_ACCESS_KEY_FILE/],
     // Contradictory timeouts: Node's RangeError (exit 1) before the check at load.
     [['serve'], { ...CREDS, COS_API_URL: 'http://127.0.0.1:1', COS_REQUEST_TIMEOUT_MS: '5000' }, /^cos-auth-proxy: config: COS_REQUEST_TIMEOUT_MS .*COS_HEADERS_TIMEOUT_MS/],

@@ -30,6 +30,7 @@ t.test('defaults', async t => {
   t.equal(c.connectTimeoutMs, 5000)
   t.equal(c.logLevel, 'info')
   t.same(c.routes.map(r => r.name), ['api'])
+  t.equal(c.clockSkewCorrection, false, 'clock skew correction off')
   t.ok(Object.isFrozen(c), 'frozen')
 })
 
@@ -110,6 +111,17 @@ t.test('each bad value exits with a line naming the variable', async t => {
     t.match(err.message, problem)
     t.notOk(err.message.includes('\n'), 'one line')
     t.notOk(err.message.includes(SECRET), 'no secret')
+  }
+})
+
+t.test('COS_CLOCK_SKEW_CORRECTION is a boolean: exactly true or false, anything else stops at load naming it', async t => {
+  t.equal(load({ ...base, COS_CLOCK_SKEW_CORRECTION: 'true' }).clockSkewCorrection, true)
+  t.equal(load({ ...base, COS_CLOCK_SKEW_CORRECTION: 'false' }).clockSkewCorrection, false)
+  t.equal(load({ ...base, COS_CLOCK_SKEW_CORRECTION: '' }).clockSkewCorrection, false, 'empty is unset')
+  for (const value of ['yes', '1', 'TRUE', 'on', ' true', 'true,false']) {
+    const err = errorOf({ ...base, COS_CLOCK_SKEW_CORRECTION: value })
+    t.equal(err.variable, 'COS_CLOCK_SKEW_CORRECTION', err.message)
+    t.equal(err.message, `COS_CLOCK_SKEW_CORRECTION must be true or false (got ${JSON.stringify(value)})`)
   }
 })
 

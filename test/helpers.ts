@@ -4,6 +4,7 @@ import { createHash } from 'node:crypto'
 import { createServer, request as httpRequest, type IncomingHttpHeaders, type IncomingMessage, type Server, type ServerResponse } from 'node:http'
 import { createServer as createNetServer, type AddressInfo, type Server as NetServer, type Socket } from 'node:net'
 import { Writable } from 'node:stream'
+import { setTimeout as sleep } from 'node:timers/promises'
 import type { FastifyInstance } from 'fastify'
 import { loadConfig, type Config } from '../src/config.js'
 import { CredentialStore, readPair } from '../src/credentials.js'
@@ -11,6 +12,7 @@ import { createLogger } from '../src/logger.js'
 import type { ProxyObserver } from '../src/proxy.js'
 import type { RequestObserver } from '../src/request-log.js'
 import { buildProxyServer } from '../src/server.js'
+import { parseToken, queryEscape } from '../src/token.js'
 
 export const ACCESS_KEY = 'AKIDTEST'
 // Marker text so a leak can never be a coincidence.
@@ -196,4 +198,27 @@ export function streamForever (socket: Socket): void {
   socket.write('HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n')
   const tick = setInterval(() => { if (socket.writable) socket.write('6\r\ndata:\n\r\n') }, 20)
   socket.on('close', () => clearInterval(tick))
+}
+
+/** Polls `cond` until it holds or `ms` pass. */
+export async function until (cond: () => boolean, ms = 2000): Promise<boolean> {
+  const deadline = Date.now() + ms
+  while (!cond()) {
+    if (Date.now() > deadline) return false
+    await sleep(10)
+  }
+  return true
+}
+
+/** Every form the secret could take in text. */
+export function secretForms (secret: string): string[] {
+  return [secret, queryEscape(secret), encodeURIComponent(secret), Buffer.from(secret).toString('base64'), Buffer.from(secret).toString('hex'), JSON.stringify(secret).slice(1, -1)]
+}
+
+/** Every form a token sent upstream could leave in text: itself raw and encoded, its signature raw and escaped, its nonce. */
+export function tokenForms (token: string): string[] {
+  const parsed = parseToken(token)
+  if (!parsed.ok) throw new Error(`unparsable token ${token}`)
+  const { signature, nonce } = parsed.fields
+  return [token, decodeURIComponent(token), signature, queryEscape(signature), nonce]
 }

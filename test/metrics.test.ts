@@ -79,13 +79,14 @@ t.test('a fresh registry declares every metric with its type; fixed sets start a
     [`${P}credential_reloads_total`]: 'counter',
     [`${P}credential_reads_refused_total`]: 'counter',
     [`${P}credential_last_reload_timestamp_seconds`]: 'gauge',
+    [`${P}upstream_clock_skew_seconds`]: 'gauge',
     [`${P}in_flight_requests`]: 'gauge',
   })
   for (const result of ['applied', 'unchanged', 'rejected']) t.equal(value(e, `${P}credential_reloads_total`, { result }), 0, result)
   t.equal(value(e, `${P}tokens_minted_total`), 0)
   t.equal(value(e, `${P}credential_last_reload_timestamp_seconds`), 0)
   t.equal(value(e, `${P}in_flight_requests`), 0)
-  for (const name of ['requests_total', 'requests_aborted_total', 'request_duration_seconds_count', 'upstream_duration_seconds_count', 'upstream_errors_total', 'upstream_retries_total', 'response_failures_total']) {
+  for (const name of ['requests_total', 'requests_aborted_total', 'request_duration_seconds_count', 'upstream_duration_seconds_count', 'upstream_errors_total', 'upstream_retries_total', 'response_failures_total', 'upstream_clock_skew_seconds']) {
     t.same(find(e, P + name), [], `${name}: no series before anything happened`)
   }
 })
@@ -271,6 +272,15 @@ t.test('credential files refused unread: counted by reason from a fixed set, and
   t.equal(value(e, `${P}credential_reads_refused_total`, { reason: 'read_timeout' }), 1)
   t.equal(find(e, `${P}credential_reads_refused_total`).length, 3, 'three series, whatever happens')
   t.equal(value(e, `${P}credential_reloads_total`, { result: 'rejected' }), 5, 'each is also a rejected reload')
+})
+
+t.test('the upstream clock skew gauge has no series until measured (0 would claim the clocks agree), then the last measurement, either sign', async t => {
+  const m = new ProxyMetrics({ defaultMetrics: false })
+  t.same(find(await scrape(m), `${P}upstream_clock_skew_seconds`), [], 'absent before the first measurement')
+  m.upstreamClockSkew(300.25)
+  t.equal(value(await scrape(m), `${P}upstream_clock_skew_seconds`), 300.25)
+  m.upstreamClockSkew(-0.5)
+  t.equal(value(await scrape(m), `${P}upstream_clock_skew_seconds`), -0.5)
 })
 
 t.test('default process metrics: present by default, absent when switched off', async t => {

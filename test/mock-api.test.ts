@@ -155,6 +155,20 @@ t.test('timestamps outside ±5 minutes are stale; the window is inclusive', asyn
   }
 })
 
+t.test('every answer\'s Date header shows the clock tokens are checked against, refusals and framework errors included', async (t) => {
+  const server = await start(t, { now: () => T0 + 999_999_999n })
+  const expected = 'Fri, 22 Nov 2024 00:00:00 GMT' // T0, whole seconds
+  const ok = await get(server, '/management/v1/clusters', bearer(mintFields({ accessKey: ACCESS_KEY, key: KEY, timestamp: T0.toString() })))
+  t.equal(ok.status, 200)
+  t.equal(ok.headers.get('date'), expected)
+  const refused = await get(server, '/management/v1/clusters')
+  t.equal(refused.status, 401)
+  t.equal(refused.headers.get('date'), expected)
+  const malformed = await rawRequest(server, 'GET', '/%zz', {})
+  t.equal(malformed.status, 401)
+  t.equal(malformed.headers.date, expected)
+})
+
 t.test('maxSkewMs narrows the window', async (t) => {
   const server = await start(t, { now: () => T0, maxSkewMs: 1000 })
   const at = (offset: bigint): string => bearer(mintFields({ accessKey: ACCESS_KEY, key: KEY, timestamp: (T0 + offset).toString() }))

@@ -22,7 +22,7 @@ import { createLogger } from '../src/logger.js'
 import { buildProxyServer } from '../src/server.js'
 import { HeaderMinter, parseToken, secretKey, verifyToken } from '../src/token.js'
 import { readTlsMaterial, TLS_FILE_MAX_BYTES, Upstreams } from '../src/upstream.js'
-import { LogCapture, json, send, startUpstream } from './helpers.js'
+import { LogCapture, json, send, startUpstream, until } from './helpers.js'
 import { makePki } from './tls-fixtures.js'
 
 const tmp = mkdtempSync(join(tmpdir(), 'cos-rotation-'))
@@ -45,16 +45,6 @@ function newPair (): Pair {
 
 function inForce (store: CredentialStore, p: Pair): boolean {
   return store.current?.samePair(new HeaderMinter(p.key, p.hmac, 'url')) ?? false
-}
-
-/** Polls `cond` until it holds or `ms` pass (the contract's 2 s by default). */
-async function until (cond: () => boolean, ms = 2000): Promise<boolean> {
-  const deadline = Date.now() + ms
-  while (!cond()) {
-    if (Date.now() > deadline) return false
-    await sleep(10)
-  }
-  return true
 }
 
 interface Files { readonly keyFile: string, readonly secretFile: string }

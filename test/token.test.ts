@@ -15,6 +15,7 @@ import { createHmac } from 'node:crypto'
 import {
   HeaderMinter,
   TOKEN_ENCODINGS,
+  createMintingClock,
   createNonceSource,
   createTimestampSource,
   encodeToken,
@@ -531,6 +532,34 @@ function drivenSource (wall: number, mono = 1234.5, reanchorMs?: number): { cloc
 const W = 1_700_000_000_000 // 2023-11-14T22:13:20Z, in ms
 const ns = (ms: number, sub = 0n): string => (BigInt(ms) * MS + sub).toString()
 
+/**
+ * Drives a minting clock through `steps` of simulated real time (an integer
+ * count of ns: the wall clock shows it floored to ms, the monotonic clock in
+ * fractional ms from an arbitrary origin), changing its offset where a step
+ * says so. True when every value strictly increases and stays within
+ * shifted − 1 ms ≤ value ≤ max(shifted, previous + 1 ns), shifted being real
+ * time plus the offset in force.
+ */
+function tracksShiftedTime (phaseNs: number, steps: readonly { readonly advanceNs: number, readonly offsetMs: number | null }[]): boolean {
+  let elapsed = phaseNs // ns since W ms
+  const time = { wall: W, mono: 777.25 + elapsed / 1e6 }
+  const clock = createMintingClock({ wallMs: () => time.wall, monoMs: () => time.mono })
+  let prev = -1n
+  for (const step of steps) {
+    elapsed += step.advanceNs
+    time.wall = W + Math.floor(elapsed / 1e6)
+    time.mono = 777.25 + elapsed / 1e6
+    if (step.offsetMs !== null) clock.offsetMs = step.offsetMs
+    const v = BigInt(clock.next())
+    const shifted = (BigInt(W) + BigInt(clock.offsetMs)) * MS + BigInt(elapsed)
+    // At most 1 ms behind (the anchor's ms is floored), never ahead except by the +1 ns bumps.
+    const upper = prev + 1n > shifted + 2n ? prev + 1n : shifted + 2n
+    if (v <= prev || v < shifted - MS - 2n || v > upper) return false
+    prev = v
+  }
+  return true
+}
+
 t.test('createTimestampSource', t => {
   t.test('gives 19-digit decimal nanoseconds for current-era times', t => {
     const { clock, next } = drivenSource(W)
@@ -614,24 +643,7 @@ t.test('createTimestampSource', t => {
     t.equal(failureOf(fc.property(
       fc.integer({ min: 0, max: 999_999 }),
       fc.array(fc.oneof(fc.constant(0), fc.integer({ min: 1, max: 2_000_000 }), fc.integer({ min: 0, max: 3_000_000_000 })), { minLength: 1, maxLength: 60 }),
-      (phase, steps) => {
-        let elapsed = phase // ns since W ms
-        const clock = { wall: W, mono: 777.25 + elapsed / 1e6 }
-        const next = createTimestampSource({ wallMs: () => clock.wall, monoMs: () => clock.mono })
-        let prev = -1n
-        for (const step of [0, ...steps]) {
-          elapsed += step
-          clock.wall = W + Math.floor(elapsed / 1e6)
-          clock.mono = 777.25 + elapsed / 1e6
-          const v = BigInt(next())
-          const real = BigInt(W) * MS + BigInt(elapsed)
-          // At most 1 ms behind (the anchor's ms is floored), never ahead except by the +1 ns bumps.
-          const upper = prev + 1n > real + 2n ? prev + 1n : real + 2n
-          if (v <= prev || v < real - MS - 2n || v > upper) return false
-          prev = v
-        }
-        return true
-      },
+      (phase, steps) => tracksShiftedTime(phase, [0, ...steps].map(advanceNs => ({ advanceNs, offsetMs: null }))),
     )), undefined, 'strictly increasing, and real − 1 ms ≤ value ≤ max(real, previous + 1 ns)')
     t.end()
   })
@@ -647,6 +659,99 @@ t.test('createTimestampSource', t => {
     const last = BigInt(values.at(-1) ?? '0')
     t.ok(first >= before - 1000n * MS && last <= after + 1000n * MS, 'close to the wall clock',
       { first: first.toString(), last: last.toString(), before: before.toString(), after: after.toString() })
+    t.end()
+  })
+  t.end()
+})
+
+t.test('createMintingClock: the offset of COS_CLOCK_SKEW_CORRECTION', t => {
+  /** A minting clock on hand-driven clocks, like drivenSource. */
+  function drivenClock (wall: number, mono = 1234.5): { time: { wall: number, mono: number }, clock: ReturnType<typeof createMintingClock> } {
+    const time = { wall, mono }
+    return { time, clock: createMintingClock({ wallMs: () => time.wall, monoMs: () => time.mono }) }
+  }
+  const S300 = 300_000
+
+  t.test('an offset ahead moves the very next timestamp forward by exactly that many whole ms', t => {
+    const { time, clock } = drivenClock(W)
+    t.equal(clock.next(), ns(W))
+    time.mono += 0.25
+    clock.offsetMs = S300
+    t.equal(clock.next(), ns(W + S300, 250_000n), 'shifted by 300 s, the sub-ms part untouched')
+    t.equal(clock.localMs(), W + 0.25, 'localMs is the local clock, before the offset')
+    t.end()
+  })
+
+  t.test('timestamps stay strictly increasing across an offset that goes back: held at 1 ns steps until the shifted time catches up', t => {
+    const { time, clock } = drivenClock(W)
+    clock.offsetMs = S300
+    const values = [clock.next()]
+    clock.offsetMs = -S300 // the estimate swung the other way: 10 min back
+    for (let i = 0; i < 100; i++) {
+      time.mono += 1000
+      time.wall += 1000
+      values.push(clock.next())
+    }
+    t.equal(firstNonIncreasing(values), -1, 'strictly increasing')
+    t.equal(values.at(-1), ns(W + S300, 100n), 'held at the last value + 1 ns while the shifted time is behind it')
+    time.mono += 600_000
+    time.wall += 600_000 // the shifted time (W + 700 s − 300 s) is past the held value (W + 300 s)
+    values.push(clock.next())
+    t.equal(values.at(-1), ns(W + 100_000 + 600_000 - S300), 'back on shifted time once it has caught up')
+    t.equal(firstNonIncreasing(values), -1, 'and still strictly increasing')
+    t.end()
+  })
+
+  t.test('strictly increasing and on shifted time whatever the offset does (property)', t => {
+    t.equal(failureOf(fc.property(
+      fc.array(fc.record({
+        advanceNs: fc.oneof(fc.constant(0), fc.integer({ min: 1, max: 2_000_000 }), fc.integer({ min: 0, max: 3_000_000_000 })),
+        offsetMs: fc.option(fc.integer({ min: -3_600_000, max: 3_600_000 })),
+      }), { minLength: 1, maxLength: 60 }),
+      (steps) => tracksShiftedTime(0, steps),
+    )), undefined, 'strictly increasing, and shifted − 1 ms ≤ value ≤ max(shifted, previous + 1 ns)')
+    t.end()
+  })
+
+  t.test('following the upstream\'s clock, a step of the wall clock is taken out of the offset: NTP fixing the node moves no timestamp', t => {
+    const { time, clock } = drivenClock(W)
+    clock.followSteps = true
+    clock.offsetMs = S300 // the node is 5 min behind the upstream
+    const values = [clock.next()]
+    time.mono += 500
+    time.wall += 500 + S300 // NTP steps the node's clock forward 5 min
+    values.push(clock.next())
+    t.equal(values.at(-1), ns(W + S300 + 500), 'until the re-anchor, the monotonic clock rules')
+    time.mono += 600
+    time.wall += 600
+    values.push(clock.next())
+    t.equal(clock.offsetMs, 0, 'at the re-anchor the step is taken out of the offset')
+    t.equal(values.at(-1), ns(W + S300 + 1100), 'the timestamps go on where they were, on the upstream\'s clock')
+    time.mono += 1000
+    time.wall -= 2 * S300 - 1000 // stepped back 10 min
+    values.push(clock.next())
+    t.equal(clock.offsetMs, 2 * S300, 'a step back is taken out too')
+    t.equal(values.at(-1), ns(W + S300 + 2100))
+    t.equal(firstNonIncreasing(values), -1, 'strictly increasing')
+    t.end()
+  })
+
+  t.test('a wall clock that only slews is left alone, and without followSteps a step is not taken out', t => {
+    const slewing = drivenClock(W)
+    slewing.clock.followSteps = true
+    slewing.clock.offsetMs = S300
+    slewing.clock.next()
+    slewing.time.mono += 1000
+    slewing.time.wall += 1000 + 999 // under a second off: not a step
+    slewing.clock.next()
+    t.equal(slewing.clock.offsetMs, S300, 'the offset is kept')
+    const plain = drivenClock(W)
+    plain.clock.offsetMs = S300
+    plain.clock.next()
+    plain.time.mono += 1000
+    plain.time.wall += 1000 + 3_600_000
+    t.equal(plain.clock.next(), ns(W + 3_601_000 + S300), 'the step moves the timestamps')
+    t.equal(plain.clock.offsetMs, S300)
     t.end()
   })
   t.end()

@@ -14,14 +14,8 @@ import { ProxyMetrics, classifyUpstreamError } from '../../src/metrics.js'
 import { RequestLog } from '../../src/request-log.js'
 import { Secret } from '../../src/secret.js'
 import { buildProxyServer } from '../../src/server.js'
-import { parseToken, queryEscape } from '../../src/token.js'
-import { ACCESS_KEY, LogCapture, SECRET, listenOnLoopback, testConfig } from '../helpers.js'
+import { ACCESS_KEY, LogCapture, SECRET, listenOnLoopback, secretForms, testConfig, tokenForms } from '../helpers.js'
 import { get, headerNames, rawRequest, startCountingUpstream, type RawResult } from './raw.js'
-
-/** Every form the secret could take in text. */
-function secretForms (secret: string): string[] {
-  return [secret, queryEscape(secret), encodeURIComponent(secret), Buffer.from(secret).toString('base64'), Buffer.from(secret).toString('hex'), JSON.stringify(secret).slice(1, -1)]
-}
 
 async function closedPort (): Promise<number> {
   const s = createServer()
@@ -132,13 +126,7 @@ t.test('at trace level, across every kind of request, no secret, token, signatur
     for (const form of secretForms(SECRET)) t.notOk(haystack.includes(form), `${where}: the secret (${form}) is absent`)
     t.notOk(haystack.includes('client-supplied-token-value'), `${where}: the client's Authorization is absent`)
     t.notOk(haystack.includes('Y2xpZW50OnBhc3N3b3Jk'), `${where}: the client's Proxy-Authorization is absent`)
-    let found = 0
-    for (const token of tokens) {
-      const parsed = parseToken(token)
-      if (!parsed.ok) { t.fail(`unparsable token ${token}`); continue }
-      const { signature, nonce } = parsed.fields
-      for (const needle of [token, decodeURIComponent(token), signature, queryEscape(signature), nonce]) if (haystack.includes(needle)) found++
-    }
+    const found = tokens.flatMap(tokenForms).filter(needle => haystack.includes(needle)).length
     t.equal(found, 0, `${where}: no token, signature or nonce of the ${tokens.length} the upstreams received`)
   }
 
