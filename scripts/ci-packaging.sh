@@ -195,6 +195,9 @@ helm_check() {
     "set credentials.existingSecret|$C|--set mode=deployment --set upstream.apiUrl=https://x --set proxy.allowFrom={10.0.0.0/8}"
     "an empty selector would admit every pod|$C|-f $M --set networkPolicy.clientSelector=null"
     "sidecar.native needs Kubernetes >= 1.29|$PARENT|--kube-version 1.28"
+    "injector.nativeSidecar needs Kubernetes >= 1.29|$C|-f $C/ci/injector-values.yaml --kube-version 1.28"
+    "injector.enabled needs at least one of upstream|$C|--set injector.enabled=true"
+    "value must be one of 'Fail', 'Ignore'|$C|-f $C/ci/injector-values.yaml --set injector.failurePolicy=fail"
   )
   for line in "${cases[@]}"; do
     IFS='|' read -r want chart args <<<"$line"
