@@ -68,8 +68,8 @@ export class MalformedReview extends Error {
 
 interface Container {
   readonly name: string
-  readonly env?: readonly { readonly name?: unknown }[]
-  readonly ports?: readonly { readonly containerPort?: unknown }[]
+  readonly env?: readonly { readonly name?: unknown }[] | null
+  readonly ports?: readonly { readonly containerPort?: unknown }[] | null
 }
 
 interface Pod {
@@ -86,10 +86,14 @@ function isObject (v: unknown): v is Json {
   return typeof v === 'object' && v !== null && !Array.isArray(v)
 }
 
+function optionalList (v: unknown): boolean {
+  return v === undefined || v === null || (Array.isArray(v) && v.every(isObject))
+}
+
 function containerList (v: unknown, where: string): Container[] | undefined {
   if (v === undefined || v === null) return undefined
-  if (!Array.isArray(v) || !v.every(c => isObject(c) && typeof c.name === 'string')) {
-    throw new MalformedReview(`request.object.spec.${where} must be a list of containers with names`)
+  if (!Array.isArray(v) || !v.every(c => isObject(c) && typeof c.name === 'string' && optionalList(c.env) && optionalList(c.ports))) {
+    throw new MalformedReview(`request.object.spec.${where} must be a list of containers with names (and env, ports lists)`)
   }
   return v as Container[]
 }
@@ -237,7 +241,7 @@ function envOps (list: 'containers' | 'initContainers', containers: readonly Con
   const ops: PatchOperation[] = []
   containers.forEach((c, i) => {
     if (c.name === SIDECAR.containerName) return
-    if (c.env === undefined) ops.push({ op: 'add', path: `/spec/${list}/${i}/env`, value: [url] })
+    if (c.env === undefined || c.env === null) ops.push({ op: 'add', path: `/spec/${list}/${i}/env`, value: [url] })
     else if (!c.env.some(e => e.name === url.name)) ops.push({ op: 'add', path: `/spec/${list}/${i}/env/-`, value: url })
   })
   return ops

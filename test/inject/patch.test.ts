@@ -141,6 +141,13 @@ t.test('the annotations set secret, variable, port, methods and resources', asyn
   t.same(sidecar.resources, { requests: { cpu: '2', memory: '64Mi' }, limits: { cpu: '2', memory: '256Mi' } }, 'a request above the default limit raises the limit')
 })
 
+t.test('a container with env: null gets the variable, not a crash', async t => {
+  const pod = appPod()
+  ;((pod.spec as { containers: Json[] }).containers[0] as Json).env = null
+  const { spec } = applyResponsePatch(pod, inject(pod).review.response)
+  t.same(envOf(spec.containers[0]), [{ name: 'COS_PROXY_URL', value: 'http://127.0.0.1:8080' }])
+})
+
 t.test('a pod that grants the drain enough time keeps its grace period', async t => {
   const pod = appPod()
   ;(pod.spec as Json).terminationGracePeriodSeconds = 120
@@ -189,6 +196,9 @@ t.test('malformed reviews throw MalformedReview, nothing else', async t => {
     podReview({ spec: { containers: 'app' } }),
     podReview({ spec: { containers: [{ image: 'x' }] } }),
     podReview({ spec: { containers: [{ name: 'a' }], initContainers: {} } }),
+    podReview({ metadata: { annotations: { 'cos-auth-proxy.io/inject': 'true' } }, spec: { containers: [{ name: 'a', ports: { http: 80 } }] } }),
+    podReview({ metadata: { annotations: { 'cos-auth-proxy.io/inject': 'true' } }, spec: { containers: [{ name: 'a', env: 'A=1' }] } }),
+    podReview({ metadata: { annotations: { 'cos-auth-proxy.io/inject': 'true' } }, spec: { containers: [{ name: 'a', env: [null] }] } }),
   ]
   for (const body of bad) t.throws(() => answerReview(body, EXAMPLE_SETTINGS), MalformedReview, JSON.stringify(body))
 })
