@@ -42,7 +42,7 @@ function start (env) {
 let failed = 0
 for (const file of process.argv.slice(2)) {
   const env = injectorEnv(file)
-  if (env === undefined) { console.log(`   ${file}: no injector Deployment`); continue }
+  if (env === undefined) { failed++; console.log(`   FAIL ${file}: no injector Deployment`); continue }
   const { code, out } = await start({
     PATH: process.env.PATH,
     ...env,
