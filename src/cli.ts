@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// cos-auth-proxy [serve|token|verify|config|mock-api|demo|inject]
+// cos-auth-proxy [serve|token|verify|config|mock-api|demo]
 import { randomBytes } from 'node:crypto'
 import type { AddressInfo } from 'node:net'
 import { setTimeout as sleep } from 'node:timers/promises'
