@@ -9,7 +9,8 @@
 #                       @kubernetes-models/prometheus-operator instead); the same on
 #                       examples/sidecar-parent-chart (the sidecar templates in a Deployment,
 #                       native and plain) and its rendered/ files must be current; bad values
-#                       must be refused; proxy.allowFrom must keep loopback in COS_ALLOW_FROM
+#                       must be refused; proxy.allowFrom must keep loopback in COS_ALLOW_FROM;
+#                       the injector's env as rendered must start `cos-auth-proxy inject`
 #   3. compose-config   docker-compose -f examples/compose.yaml config -q
 #   4. container-smoke  ../shared/tools/container-smoke.sh: podman build, then run the
 #                       image (--network host, --read-only, --cap-drop=ALL, credentials
@@ -179,6 +180,8 @@ helm_check() {
     "$helm" template cos-ci helm/cos-auth-proxy --namespace cos-ci --kube-version 1.29 -f "$v" > "$out/$(basename "$v" .yaml).yaml" || rc=1
   done
   validate_crds "$out"/*.yaml || rc=1
+  echo "-- the injector's env as rendered starts \`cos-auth-proxy inject\` (names and values the webhook accepts)"
+  if ensure_dist; then node scripts/check-injector-env.mjs "$out"/injector*-values.yaml || rc=1; else rc=1; fi
   echo "-- $PARENT (the sidecar templates inside a parent chart's Deployment)"
   "$helm" dependency build "$PARENT" >/dev/null || rc=1
   "$TOOLS/helm-check.sh" --kube-version 1.29 "$PARENT" || rc=1
@@ -195,6 +198,9 @@ helm_check() {
     "set credentials.existingSecret|$C|--set mode=deployment --set upstream.apiUrl=https://x --set proxy.allowFrom={10.0.0.0/8}"
     "an empty selector would admit every pod|$C|-f $M --set networkPolicy.clientSelector=null"
     "sidecar.native needs Kubernetes >= 1.29|$PARENT|--kube-version 1.28"
+    "injector.nativeSidecar needs Kubernetes >= 1.29|$C|-f $C/ci/injector-values.yaml --kube-version 1.28"
+    "injector.enabled needs at least one of upstream|$C|--set injector.enabled=true"
+    "value must be one of 'Fail', 'Ignore'|$C|-f $C/ci/injector-values.yaml --set injector.failurePolicy=fail"
   )
   for line in "${cases[@]}"; do
     IFS='|' read -r want chart args <<<"$line"

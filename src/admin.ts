@@ -29,7 +29,8 @@ export interface AdminLimits {
 export const ADMIN_LIMITS: AdminLimits = { maxConnections: 64, headersTimeoutMs: 5_000, requestTimeoutMs: 10_000, idleTimeoutMs: 5_000 }
 
 export interface AdminOptions {
-  readonly metrics: ProxyMetrics
+  /** What /metrics serves: the proxy's, or the injection webhook's. */
+  readonly metrics: Pick<ProxyMetrics, 'text' | 'contentType'>
   /** Asked on every GET /readyz. */
   readonly readiness: () => Readiness
   /** Called once, on the first POST /quitquitquit; later posts answer 202 without calling it again. */

@@ -24,6 +24,7 @@ commands:
   config                      print the effective configuration, secrets redacted
   mock-api [--port N]         run a local stand-in for the COS APIs that verifies tokens
   demo                        run mock-api and the proxy with a throwaway key pair
+  inject                      run the Kubernetes admission webhook that injects the sidecar (COS_INJECT_*)
 
 Configuration comes from COS_* environment variables and ./.env; see README.md.`
 
@@ -134,6 +135,13 @@ const commands: Record<string, (args: string[]) => Promise<void>> = {
     const { address, port: bound } = app.server.address() as AddressInfo
     logger.info({ address, port: bound, accessKey: pair.accessKey }, 'mock COS API listening')
     stopOnSignal(async () => { await app.close() })
+  },
+
+  async inject (args) {
+    parse(args, {})
+    // Loaded on demand: `serve` never loads the webhook.
+    const { runInject } = await import('./inject/run.js')
+    await runInject()
   },
 
   async demo (args) {

@@ -1,0 +1,44 @@
+{{/* Named templates of the injection webhook (injector.enabled). */}}
+
+{{- define "cos-auth-proxy.injector.fullname" -}}
+{{- printf "%s-injector" (include "cos-auth-proxy.fullname" . | trunc 54 | trimSuffix "-") -}}
+{{- end -}}
+
+{{/* Its own app name, so neither the proxy's Deployment nor its Service select the webhook's pods. */}}
+{{- define "cos-auth-proxy.injector.name" -}}
+{{- printf "%s-injector" (include "cos-auth-proxy.name" . | trunc 54 | trimSuffix "-") -}}
+{{- end -}}
+
+{{- define "cos-auth-proxy.injector.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "cos-auth-proxy.injector.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "cos-auth-proxy.injector.labels" -}}
+helm.sh/chart: {{ include "cos-auth-proxy.chart" . }}
+{{ include "cos-auth-proxy.injector.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: injector
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{- define "cos-auth-proxy.injector.tlsSecretName" -}}
+{{- printf "%s-tls" (include "cos-auth-proxy.injector.fullname" .) -}}
+{{- end -}}
+
+{{- define "cos-auth-proxy.injector.serviceHost" -}}
+{{- printf "%s.%s.svc" (include "cos-auth-proxy.injector.fullname" .) .Release.Namespace -}}
+{{- end -}}
+
+{{- define "cos-auth-proxy.injector.validate" -}}
+{{- $v := .Values -}}
+{{- if not (or $v.upstream.managementUrl $v.upstream.optimizeUrl $v.upstream.apiUrl) -}}
+{{- fail "cos-auth-proxy: injector.enabled needs at least one of upstream.managementUrl, upstream.optimizeUrl, upstream.apiUrl (what the injected sidecars forward to)" -}}
+{{- end -}}
+{{- if and $v.injector.nativeSidecar (semverCompare "<1.29.0-0" .Capabilities.KubeVersion.Version) -}}
+{{- fail (printf "cos-auth-proxy: injector.nativeSidecar needs Kubernetes >= 1.29 (target %s): set injector.nativeSidecar=false, or pass --kube-version" .Capabilities.KubeVersion.Version) -}}
+{{- end -}}
+{{- if eq (int $v.injector.port) (int $v.admin.port) -}}
+{{- fail "cos-auth-proxy: injector.port and admin.port must differ" -}}
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,89 @@
+// `cos-auth-proxy inject`: the webhook and its admin listener, until SIGTERM
+// or SIGINT, then the proxy's drain: readiness 503 at once, keep answering
+// for COS_SHUTDOWN_DELAY_MS (the API server still has this pod as an
+// endpoint), stop accepting, give reviews in flight COS_SHUTDOWN_TIMEOUT_MS.
+import type { AddressInfo } from 'node:net'
+import { setTimeout as sleep } from 'node:timers/promises'
+import type { Logger } from 'pino'
+import { buildAdminServer, type Readiness } from '../admin.js'
+import { createLogger, stdoutDestination } from '../logger.js'
+import { loadInjectConfig, type InjectConfig } from './config.js'
+import { InjectMetrics } from './metrics.js'
+import { buildWebhookServer } from './server.js'
+
+export interface RunningWebhook {
+  readonly address: AddressInfo
+  readonly adminAddress: AddressInfo
+  /** Drains and closes both listeners (what SIGTERM does, without exiting). */
+  readonly stop: (cause: string) => Promise<void>
+}
+
+/** Starts both listeners. The caller decides what a signal does (runInject: drain, then exit). */
+export async function startWebhook (config: InjectConfig, logger: Logger): Promise<RunningWebhook> {
+  const metrics = new InjectMetrics()
+  const app = await buildWebhookServer({ settings: config.settings, tls: config.tls, metrics, logger })
+  let listening = false
+  let draining = false
+  const readiness = (): Readiness => {
+    if (draining) return { ready: false, reason: 'draining' }
+    if (!listening) return { ready: false, reason: 'webhook listener not started' }
+    return { ready: true }
+  }
+  let stopping: Promise<void> | undefined
+  const drain = async (cause: string): Promise<void> => {
+    draining = true
+    logger.info({ cause, delayMs: config.shutdownDelayMs, timeoutMs: config.shutdownTimeoutMs }, 'draining: readiness is now 503')
+    if (config.shutdownDelayMs > 0) await sleep(config.shutdownDelayMs)
+    const cut = setTimeout(() => {
+      logger.warn('shutdown timeout reached: cutting the reviews still in flight')
+      app.server.closeAllConnections()
+    }, config.shutdownTimeoutMs)
+    const reap = setInterval(() => app.server.closeIdleConnections(), 50)
+    await app.close()
+    clearInterval(reap)
+    clearTimeout(cut)
+    await admin.close()
+    logger.info('stopped')
+  }
+  const stop = (cause: string): Promise<void> => {
+    stopping ??= drain(cause)
+    return stopping
+  }
+  const admin = buildAdminServer({ metrics, readiness, onQuit: () => { void stop('quitquitquit') }, logger, limits: { maxConnections: config.admin.maxConnections } })
+  await admin.listen({ host: config.admin.host, port: config.admin.port })
+  await app.listen({ host: config.listen.host, port: config.listen.port })
+  listening = true
+  const address = app.server.address() as AddressInfo
+  const adminAddress = admin.server.address() as AddressInfo
+  logger.info({
+    address: address.address,
+    port: address.port,
+    admin: { address: adminAddress.address, port: adminAddress.port },
+    image: config.settings.image,
+    nativeSidecar: config.settings.nativeSidecar,
+    defaultSecret: config.settings.defaultSecret ?? null,
+    upstream: config.settings.upstreamEnv,
+  }, 'cos-auth-proxy injection webhook listening')
+  return { address, adminAddress, stop }
+}
+
+/** The `inject` command: ConfigError propagates (exit 78 in cli.ts). */
+export async function runInject (): Promise<void> {
+  const config = loadInjectConfig()
+  const logger = createLogger(config.logLevel, stdoutDestination())
+  const webhook = await startWebhook(config, logger)
+  let signalled = false
+  const onSignal = (signal: string): void => {
+    if (signalled) {
+      logger.warn({ signal }, 'second signal: exiting without finishing the drain')
+      process.exit(1)
+    }
+    signalled = true
+    webhook.stop(signal).then(() => process.exit(0), (err: unknown) => {
+      logger.error({ err }, 'shutdown failed')
+      process.exit(1)
+    })
+  }
+  process.on('SIGTERM', () => { onSignal('SIGTERM') })
+  process.on('SIGINT', () => { onSignal('SIGINT') })
+}
