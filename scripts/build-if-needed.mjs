@@ -1,5 +1,6 @@
-// Builds dist/ when it is missing or older than any file in src/, so that
-// `npm start` and `npm run demo` work straight after `npm ci`.
+// Builds the bundle (dist/cos-auth-proxy.mjs) when it is missing or older
+// than any file in src/ or the bundle script, so that `npm start` and
+// `npm run demo` work straight after `npm ci`.
 import { execFileSync } from 'node:child_process'
 import { existsSync, readdirSync, statSync } from 'node:fs'
 import { join } from 'node:path'
@@ -13,7 +14,8 @@ const newest = (dir) => {
   }
   return t
 }
-const cli = join(root, 'dist', 'cli.js')
-if (!existsSync(cli) || statSync(cli).mtimeMs < newest(join(root, 'src'))) {
-  execFileSync(process.execPath, [join(root, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', join(root, 'tsconfig.build.json')], { stdio: 'inherit' })
+const bundleScript = join(root, 'scripts', 'bundle.mjs')
+const bundle = join(root, 'dist', 'cos-auth-proxy.mjs')
+if (!existsSync(bundle) || statSync(bundle).mtimeMs < Math.max(newest(join(root, 'src')), statSync(bundleScript).mtimeMs)) {
+  execFileSync(process.execPath, [bundleScript], { stdio: 'inherit' })
 }

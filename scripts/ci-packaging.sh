@@ -14,7 +14,7 @@
 #   3. compose-config   docker-compose -f examples/compose.yaml config -q
 #   4. container-smoke  ../shared/tools/container-smoke.sh: podman build, then run the
 #                       image (--network host, --read-only, --cap-drop=ALL, credentials
-#                       mounted as files) against `node dist/cli.js mock-api` on the
+#                       mounted as files) against `node dist/cos-auth-proxy.mjs mock-api` on the
 #                       host; GET through the proxy port must be 200, HEALTHCHECK
 #                       healthy, SIGTERM stop must exit 0; then every layer of the image
 #                       is searched for .env files and keys
@@ -103,7 +103,7 @@ free_port() {
   node -e 'const s=require("net").createServer().listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})'
 }
 
-ensure_dist() { # the host-side mock-api runs from dist/
+ensure_dist() { # the host-side mock-api runs the bundle, dist/cos-auth-proxy.mjs
   if [[ ! -d node_modules ]]; then npm ci --no-audit --no-fund --loglevel=error || return 1; fi
   node scripts/build-if-needed.mjs
 }
@@ -265,7 +265,7 @@ container_smoke() {
 
   mock_port="$(free_port)" proxy_port="$(free_port)" admin_port="$(free_port)"
   COS_ACCESS_KEY="$key" COS_ACCESS_KEY_SECRET="$secret" COS_MOCK_HOST=127.0.0.1 COS_LOG_LEVEL=info \
-    node dist/cli.js mock-api --port "$mock_port" > "$WORK/mock.log" 2>&1 &
+    node dist/cos-auth-proxy.mjs mock-api --port "$mock_port" > "$WORK/mock.log" 2>&1 &
   MOCK_PID=$!
   for _ in $(seq 50); do
     curl -s -o /dev/null --max-time 1 "http://127.0.0.1:$mock_port/" && break

@@ -5,11 +5,11 @@ import type { AddressInfo } from 'node:net'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { parseArgs } from 'node:util'
 import { ConfigError, EXIT_CONFIG, describeConfig, loadConfig, type Config } from './config.js'
-import { readPair } from './credentials.js'
-import { createLogger, stdoutDestination } from './logger.js'
-import { buildMockApi } from './mock-api.js'
-import { serve } from './server.js'
-import { encodeToken, formatToken, mintFields, secretKey, verifyToken } from './token.js'
+import type { readPair } from './credentials.js'
+
+// Each command import()s what it runs, so none pays for another's modules:
+// `token` starts no fastify, undici or prom-client, `serve` no mock-api. The
+// bundle (scripts/bundle.mjs) keeps these imports lazy inside its one file.
 
 const EXIT_USAGE = 64 // EX_USAGE
 
@@ -47,6 +47,7 @@ function parse<T extends Record<string, { type: 'string' | 'boolean' }>> (args: 
 }
 
 async function credentialsOrExit (config: Config): Promise<Extract<Awaited<ReturnType<typeof readPair>>, { ok: true }>> {
+  const { readPair } = await import('./credentials.js')
   const pair = await readPair(config.credentials, config.tokenEncoding)
   if (!pair.ok) fail(EXIT_CONFIG, `config: ${pair.variable} ${pair.problem}`)
   return pair
@@ -58,6 +59,7 @@ const commands: Record<string, (args: string[]) => Promise<void>> = {
     const config = loadConfig()
     // Credential files that are missing or empty do not stop it: it starts
     // unready and picks them up when they appear (a Secret mounted late).
+    const [{ createLogger, stdoutDestination }, { serve }] = await Promise.all([import('./logger.js'), import('./server.js')])
     const stdout = stdoutDestination()
     await serve({ config, logger: createLogger(config.logLevel, stdout), logLinesDropped: () => stdout.dropped })
   },
@@ -90,6 +92,7 @@ const commands: Record<string, (args: string[]) => Promise<void>> = {
     if (values.nonce !== undefined && !/^[0-9a-f]{1,128}$/.test(values.nonce)) throw new UsageError('--nonce must be lowercase hex')
     const config = loadConfig({ needs: 'credentials' })
     const pair = await credentialsOrExit(config)
+    const { encodeToken, formatToken, mintFields } = await import('./token.js')
     const fields = mintFields({ accessKey: pair.accessKey, key: pair.key, timestamp: values.timestamp, nonce: values.nonce })
     const raw = formatToken(fields)
     process.stdout.write((values.raw === true ? raw : encodeToken(raw, config.tokenEncoding)) + '\n')
@@ -103,6 +106,7 @@ const commands: Record<string, (args: string[]) => Promise<void>> = {
     if (maxAge !== undefined && !/^[0-9]+$/.test(maxAge)) throw new UsageError('--max-age must be a whole number of seconds')
     const config = loadConfig({ needs: 'credentials' })
     const pair = await credentialsOrExit(config)
+    const { verifyToken } = await import('./token.js')
     const result = verifyToken(token, {
       accessKey: pair.accessKey,
       key: pair.key,
@@ -129,6 +133,7 @@ const commands: Record<string, (args: string[]) => Promise<void>> = {
     if (!Number.isInteger(port) || port < 0 || port > 65535) throw new UsageError('--port must be 0-65535')
     const config = loadConfig({ needs: 'credentials' })
     const pair = await credentialsOrExit(config)
+    const [{ createLogger }, { buildMockApi }] = await Promise.all([import('./logger.js'), import('./mock-api.js')])
     const logger = createLogger(config.logLevel)
     const app = buildMockApi({ accessKey: pair.accessKey, key: pair.key, logger })
     await app.listen({ host: config.mockHost, port })
@@ -153,6 +158,7 @@ const commands: Record<string, (args: string[]) => Promise<void>> = {
       needs: 'credentials',
       env: { ...pick(process.env, DEMO_AMBIENT), COS_ACCESS_KEY: accessKey, COS_ACCESS_KEY_SECRET: secret },
     })
+    const [{ createLogger }, { buildMockApi }, { serve }, { secretKey }] = await Promise.all([import('./logger.js'), import('./mock-api.js'), import('./server.js'), import('./token.js')])
     const logger = createLogger(ambient.logLevel)
     const mock = buildMockApi({ accessKey, key: secretKey(secret), logger: logger.child({ component: 'mock-api' }) })
     await mock.listen({ host: ambient.mockHost, port: 0 })

@@ -1,5 +1,6 @@
-// The built CLI (dist/cli.js) run as a child process, as users run it, with
-// only the environment a test gives it.
+// The CLI that ships (the bundle, dist/cos-auth-proxy.mjs) run as a child
+// process, as users and the image run it, with only the environment a test
+// gives it.
 import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process'
 import { mkdtempSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
@@ -8,7 +9,7 @@ import { fileURLToPath } from 'node:url'
 import t from 'tap'
 import { ACCESS_KEY, SECRET } from './helpers.js'
 
-export const CLI = fileURLToPath(new URL('../dist/cli.js', import.meta.url))
+export const CLI = fileURLToPath(new URL('../dist/cos-auth-proxy.mjs', import.meta.url))
 // An empty working directory, so no stray .env is read.
 const CWD = mkdtempSync(join(tmpdir(), 'cos-cli-'))
 t.teardown(() => rmSync(CWD, { recursive: true, force: true }))

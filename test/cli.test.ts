@@ -1,4 +1,4 @@
-// The CLI as users run it: the built dist/cli.js in a child process.
+// The CLI as users run it: the bundle that ships (dist/cos-auth-proxy.mjs) in a child process.
 import t from 'tap'
 import { CREDS, run, start } from './cli-process.js'
 import { ACCESS_KEY, SECRET, json, send, startUpstream } from './helpers.js'

@@ -1,9 +1,10 @@
-// The built CLI's `serve` in a child process, as Kubernetes runs it: started,
-// waited for until it logs its listening line, probed, signalled.
+// The shipped CLI's `serve` (the bundle, dist/cos-auth-proxy.mjs) in a child
+// process, as Kubernetes runs it: started, waited for until it logs its
+// listening line, probed, signalled.
 import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process'
 import { fileURLToPath } from 'node:url'
 
-export const CLI = fileURLToPath(new URL('../dist/cli.js', import.meta.url))
+export const CLI = fileURLToPath(new URL('../dist/cos-auth-proxy.mjs', import.meta.url))
 
 export interface Sidecar {
   readonly child: ChildProcessWithoutNullStreams
@@ -19,12 +20,15 @@ export interface SidecarOptions {
   readonly cwd: string
   /** Soft limit on the child's open descriptors (`ulimit -n`); the child's pid is still node's. */
   readonly fdLimit?: number
+  /** The program to run; default the bundle in dist/. */
+  readonly cli?: string
 }
 
 function spawnServe (env: NodeJS.ProcessEnv, opts: SidecarOptions): ChildProcessWithoutNullStreams {
-  if (opts.fdLimit === undefined) return spawn(process.execPath, [CLI, 'serve'], { cwd: opts.cwd, env })
+  const cli = opts.cli ?? CLI
+  if (opts.fdLimit === undefined) return spawn(process.execPath, [cli, 'serve'], { cwd: opts.cwd, env })
   // exec: the shell is replaced by node, so signals and /proc/<pid> are node's.
-  return spawn('/bin/sh', ['-c', `ulimit -n ${opts.fdLimit} && exec "$0" "$@"`, process.execPath, CLI, 'serve'], { cwd: opts.cwd, env })
+  return spawn('/bin/sh', ['-c', `ulimit -n ${opts.fdLimit} && exec "$0" "$@"`, process.execPath, cli, 'serve'], { cwd: opts.cwd, env })
 }
 
 export async function startSidecar (env: Record<string, string>, opts: SidecarOptions): Promise<Sidecar> {

@@ -1,0 +1,138 @@
+// What ships: dist/cos-auth-proxy.mjs, one file, run as the image runs it
+// (no node_modules beside it), and started by `npm start` exactly as the
+// image starts it.
+import { spawn } from 'node:child_process'
+import { copyFileSync, mkdtempSync, readFileSync, rmSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join, posix } from 'node:path'
+import { fileURLToPath } from 'node:url'
+import t, { type Test } from 'tap'
+import { DOT_SEGMENTS, DOTTED_NAMES } from './dotted-paths.js'
+import { ACCESS_KEY, SECRET, startUpstream } from './helpers.js'
+import { errorOf, get, rawRequest } from './security/raw.js'
+import { CLI, startSidecar } from './sidecar.js'
+
+const ROOT = fileURLToPath(new URL('..', import.meta.url))
+
+function tempDir (t: Test, prefix: string): string {
+  const dir = mkdtempSync(join(tmpdir(), prefix))
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }))
+  return dir
+}
+
+t.test('the bundle serves on its own, without node_modules, with reply-from\'s buildURL replaced at build time: dotted names forwarded, dot-segments refused', async t => {
+  // A copy under the temporary directory: no node_modules in any parent, as in the image.
+  const dir = tempDir(t, 'cos-bundle-')
+  const cli = join(dir, 'cos-auth-proxy.mjs')
+  copyFileSync(CLI, cli)
+  const up = await startUpstream()
+  const proxy = await startSidecar({ COS_OPTIMIZE_API_URL: `${up.url}/opt/v1`, COS_API_URL: up.url, COS_MANAGEMENT_API_URL: `${up.url}/m`, COS_ACCESS_KEY: ACCESS_KEY, COS_ACCESS_KEY_SECRET: SECRET }, { cwd: dir, cli })
+  t.teardown(async () => { proxy.signal('SIGKILL'); await proxy.exited; await up.close() })
+  const port = Number(new URL(proxy.proxy).port)
+  for (const [target, forwarded] of DOTTED_NAMES) {
+    const res = await rawRequest(port, get(target))
+    t.equal(res.finals[0]?.status, 200, `${target}: 200 (${errorOf(res.finals[0])?.message ?? 'forwarded'})`)
+    t.equal(up.received.at(-1)?.url, forwarded, `${target}: the upstream got ${forwarded}`)
+  }
+  t.equal(up.received.length, DOTTED_NAMES.length, 'each forwarded once')
+  for (const target of DOT_SEGMENTS) {
+    const res = await rawRequest(port, get(target))
+    t.equal(res.finals[0]?.status, 400, `${target}: 400`)
+    t.equal(errorOf(res.finals[0])?.message, 'dot-segment in path', `${target}: refused by the guard`)
+  }
+  t.equal(up.received.length, DOTTED_NAMES.length, 'no dot-segment forwarded')
+})
+
+interface ImageCommand { readonly workdir: string, readonly argv: readonly string[], readonly healthcheck: readonly string[], readonly copies: readonly string[], readonly env: string }
+
+/** The runtime stage of the Dockerfile: WORKDIR, ENTRYPOINT + CMD, HEALTHCHECK, COPY and ENV lines. */
+function imageCommand (dockerfile: string): ImageCommand {
+  const lines = dockerfile.replace(/\\\n\s*/g, ' ').split('\n').map(l => l.trim())
+  const runtime = lines.slice(lines.findLastIndex(l => l.startsWith('FROM ')))
+  const one = (instruction: string): string => {
+    const found = runtime.findLast(l => l.startsWith(`${instruction} `))
+    if (found === undefined) throw new Error(`no ${instruction} in the Dockerfile's last stage`)
+    return found.slice(instruction.length + 1).trim()
+  }
+  const exec = (text: string): string[] => JSON.parse(text) as string[]
+  return {
+    workdir: one('WORKDIR'),
+    argv: [...exec(one('ENTRYPOINT')), ...exec(one('CMD'))],
+    healthcheck: exec(one('HEALTHCHECK').replace(/^.*?\bCMD\s+/, '')),
+    copies: runtime.filter(l => l.startsWith('COPY ')),
+    env: one('ENV'),
+  }
+}
+
+t.test('npm start runs what the image runs: the same file, the same Node flags, the same command', async t => {
+  const image = imageCommand(readFileSync(join(ROOT, 'Dockerfile'), 'utf8'))
+  const pkg = JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as { scripts: Record<string, string>, bin: Record<string, string> }
+  const start = (pkg.scripts.start ?? '').split(/\s+/)
+  t.equal(start[0], 'node', 'npm start is a plain node command, no wrapper')
+  t.equal(posix.basename(image.argv[0] ?? ''), 'node', 'the image runs node itself')
+  const fileAt = (argv: readonly string[]): number => argv.findIndex((a, i) => i > 0 && !a.startsWith('-'))
+  const [imageFile, startFile] = [fileAt(image.argv), fileAt(start)]
+  t.same(image.argv.slice(1, imageFile), start.slice(1, startFile), 'the same Node flags')
+  t.equal(posix.relative(image.workdir, image.argv[imageFile] ?? ''), start[startFile], 'the same file (relative to WORKDIR and to the repository)')
+  t.same(image.argv.slice(imageFile + 1), start.slice(startFile + 1), 'the same command (serve)')
+  t.equal(start[startFile], 'dist/cos-auth-proxy.mjs', 'the bundle')
+  t.equal(pkg.bin['cos-auth-proxy'], start[startFile], 'the bin is the bundle too')
+  t.equal(posix.relative(image.workdir, image.healthcheck[1] ?? ''), start[startFile], 'the HEALTHCHECK runs the same file')
+  t.match(image.copies.join('\n'), /^COPY --from=build \/src\/dist\/cos-auth-proxy\.mjs .*\.\/dist\/$/m, 'the image gets the file from the build stage\'s dist/')
+  t.notMatch(image.copies.join('\n'), /node_modules/, 'and no node_modules')
+  // What npm start cannot set without a wrapper; the README asks for it.
+  t.match(image.env, /\bMALLOC_ARENA_MAX=2\b/, 'the image limits malloc arenas')
+  t.match(readFileSync(join(ROOT, 'README.md'), 'utf8'), /MALLOC_ARENA_MAX=2/, 'the README says to set it for npm start')
+})
+
+// The hooks see every module imported from an ES module, so every package
+// src/ imports; their own require()s of further files are not needed here.
+const HOOKS = `import { appendFileSync } from 'node:fs'
+export async function resolve (specifier, context, next) {
+  const r = await next(specifier, context)
+  appendFileSync(process.env.COS_TEST_LOADED, r.url + '\\n')
+  return r
+}`
+const PRELOAD = `import { register } from 'node:module'; register(${JSON.stringify(`data:text/javascript,${encodeURIComponent(HOOKS)}`)})`
+const DIST_CLI = join(ROOT, 'dist', 'cli.js')
+
+/** What `cli.js args` imports (dist/, the modules the bundle is made of), until it exits or prints `until`. */
+async function loaded (t: Test, args: string[], until?: RegExp): Promise<string[]> {
+  const dir = tempDir(t, 'cos-loaded-')
+  const log = join(dir, 'loaded.txt')
+  const child = spawn(process.execPath, ['--import', `data:text/javascript,${encodeURIComponent(PRELOAD)}`, DIST_CLI, ...args], {
+    cwd: dir,
+    env: { PATH: process.env.PATH, COS_TEST_LOADED: log, COS_ACCESS_KEY: ACCESS_KEY, COS_ACCESS_KEY_SECRET: SECRET, COS_MANAGEMENT_API_URL: 'http://127.0.0.1:1/m', COS_OPTIMIZE_API_URL: 'http://127.0.0.1:1/o', COS_LISTEN_PORT: '0', COS_ADMIN_PORT: '0', COS_MOCK_HOST: '127.0.0.1' },
+  })
+  let out = ''
+  const exited = new Promise<void>(resolve => child.on('close', () => resolve()))
+  const timer = setTimeout(() => child.kill('SIGKILL'), 10_000)
+  const onData = (d: Buffer): void => { out += d.toString(); if (until?.test(out) === true) child.kill('SIGTERM') }
+  child.stdout.on('data', onData)
+  child.stderr.on('data', onData)
+  await exited
+  clearTimeout(timer)
+  t.ok(until === undefined || until.test(out), `${args[0] ?? ''} ran (${out.slice(0, 200)})`)
+  return readFileSync(log, 'utf8').split('\n').filter(u => u !== '')
+}
+
+const packageOf = (url: string): string | undefined => /\/node_modules\/((?:@[^/]+\/)?[^/]+)\//.exec(url)?.[1]
+const moduleOf = (url: string): string | undefined => /\/dist\/([^/]+)\.js$/.exec(url)?.[1]
+
+t.test('subcommands load only what they use: token, verify, config and wait start no fastify, undici, pino or prom-client; mock-api no proxy; serve no mock-api', async t => {
+  const heavy = ['fastify', 'undici', 'pino', 'prom-client', '@fastify/http-proxy']
+  const commands: [args: string[], until: RegExp | undefined, loads: string[], notLoaded: string[]][] = [
+    [['token'], undefined, ['config', 'token'], heavy],
+    [['verify', 'x'], undefined, ['config', 'token'], heavy],
+    [['config'], undefined, ['config', 'env-schema'], heavy],
+    [['wait', '--timeout', '0.1'], undefined, ['config'], heavy],
+    [['mock-api', '--port', '0'], /mock COS API listening/, ['mock-api', 'fastify', 'pino'], ['undici', 'prom-client', '@fastify/http-proxy', 'server', 'proxy']],
+    [['serve'], /cos-auth-proxy listening/, ['server', 'fastify', 'undici', 'prom-client'], ['mock-api']],
+  ]
+  for (const [args, until, loads, notLoaded] of commands) {
+    const urls = await loaded(t, args, until)
+    const names = new Set(urls.map(u => packageOf(u) ?? moduleOf(u)))
+    for (const name of loads) t.ok(names.has(name), `${args[0] ?? ''} loads ${name}`)
+    for (const name of notLoaded) t.notOk(names.has(name), `${args[0] ?? ''} does not load ${name}`)
+  }
+})
