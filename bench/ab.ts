@@ -1,5 +1,5 @@
 // npm run bench:ab -- [--ref <git ref>] [--workload small|get-1mib|post-1mib] [--connections 32] [--rounds 10] [--seconds 2] [--level info]
-//                      [--node <path>] [--node-args "<flags>"] [--env NAME=value] [--ref-node-args "<flags>"] [--ref-env NAME=value]
+//                      [--node <path>] [--node-args="<flags>"] [--env NAME=value] [--ref-node-args="<flags>"] [--ref-env NAME=value]
 //
 // Before/after for one change: this checkout's proxy (dist/) against the
 // proxy built from another commit (default HEAD, i.e. the working tree

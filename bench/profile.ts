@@ -2,7 +2,7 @@
 // time goes, in our code (dist/) and in the framework's (node_modules/).
 //
 //   npm run bench:profile -- [--target proxy|floor] [--level info|warn] [--seconds 6] [--connections 32] [--workload small|get-1mib|post-1mib]
-//                            [--rate <req/s>] [--gc] [--node <path>] [--node-args "<flags>"] [--env NAME=value]
+//                            [--rate <req/s>] [--gc] [--node <path>] [--node-args="<flags>"] [--env NAME=value]
 //
 // --rate: a steady open-loop rate (10 keep-alive clients) instead of
 // saturation. --gc: the proxy also runs with --trace-gc, and the scavenges,
