@@ -28,7 +28,7 @@ t.test('defaults', async t => {
   t.equal(c.tokenEncoding, 'url')
   t.equal(c.upstreamTimeoutMs, 30000)
   t.equal(c.connectTimeoutMs, 5000)
-  t.equal(c.upstreamMaxConnections, 32, 'upstream sockets per origin are bounded by default')
+  t.equal(c.upstreamMaxConnections, 256, 'upstream sockets per origin are bounded by default')
   t.equal(c.logLevel, 'info')
   t.same(c.routes.map(r => r.name), ['api'])
   t.equal(c.clockSkewCorrection, false, 'clock skew correction off')
