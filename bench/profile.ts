@@ -2,6 +2,11 @@
 // time goes, in our code (dist/) and in the framework's (node_modules/).
 //
 //   npm run bench:profile -- [--target proxy|floor] [--level info|warn] [--seconds 6] [--connections 32] [--workload small|get-1mib|post-1mib]
+//                            [--rate <req/s>] [--gc] [--node <path>] [--node-args="<flags>"] [--env NAME=value]
+//
+// --rate: a steady open-loop rate (10 keep-alive clients) instead of
+// saturation. --gc: the proxy also runs with --trace-gc, and the scavenges,
+// mark-compacts and their pauses are summarised.
 //
 // The server runs with `node --cpu-prof`; the profile is written when it
 // exits, kept in bench/results/profiles/ (open it in Chrome DevTools or
@@ -13,7 +18,7 @@ import { join } from 'node:path'
 import { parseArgs } from 'node:util'
 import { fixed, table } from './format.js'
 import {
-  BENCH_DIR, ROOT, awaitQuiet, choosePinning, installCleanup, machine, measure, pinProcess, runLoad, scratchDir, startFloor,
+  BENCH_DIR, ROOT, SMALL_PATH, awaitQuiet, cpuTicks, median, noiseProbe, parseEnv, runPaced, splitArgs, useNode, type Measured, choosePinning, installCleanup, machine, measure, pinProcess, runLoad, scratchDir, startFloor,
   startProxy, startUpstream, stopAll, stopChild, workloadLoad, parseWorkload,
 } from './harness.js'
 
@@ -134,6 +139,37 @@ function report (s: Summary, top = 25): string {
   ].join('\n')
 }
 
+/** The --trace-gc lines in a server's stdout (which for the proxy is also its JSON log). */
+function gcLines (file: string): string[] {
+  return readFileSync(file, 'utf8').split('\n').filter(l => /: (Scavenge|Mark-Compact|Minor Mark-Sweep|Mark-Sweep)/.test(l))
+}
+
+/** Counts per second and pause p50/max for each kind of collection. */
+function gcSummary (lines: readonly string[], seconds: number): string {
+  const kinds = new Map<string, number[]>()
+  for (const l of lines) {
+    // e.g. "[123:0x…]   4567 ms: Scavenge 10.2 (12.0) -> 9.1 (12.0) MB, pooled: 0 MB, 0.61 / 0.00 ms  (average mu = …"
+    const m = /: (Scavenge|Mark-Compact|Minor Mark-Sweep|Mark-Sweep)\b.*?MB, (?:pooled: [\d.]+ MB, )?([\d.]+) \/ [\d.]+ ms/.exec(l)
+    if (m === null) continue
+    const [, kind = '', pause = ''] = m
+    kinds.set(kind, [...(kinds.get(kind) ?? []), Number(pause)])
+  }
+  if (kinds.size === 0) return '(no collections seen)'
+  return table(['collection', 'count', 'per second', 'pause p50 ms', 'pause max ms', 'pause total ms'],
+    [...kinds].map(([kind, p]) => [kind, p.length, fixed(p.length / seconds, 1), fixed(median(p), 2), fixed(Math.max(...p), 2), fixed(p.reduce((a, b) => a + b, 0), 0)]))
+}
+
+/** runPaced with the server's CPU accounted, as measure() does for autocannon. */
+async function measurePaced (url: string, rate: number, seconds: number, pid: number, ticksPerSecond: number): Promise<Measured> {
+  const cpu0 = cpuTicks(pid)
+  const others = noiseProbe([pid], ticksPerSecond)
+  const t0 = performance.now()
+  const load = await runPaced(url, rate, seconds)
+  const wallMs = performance.now() - t0
+  const ms = (cpuTicks(pid) - cpu0) * 1000 / ticksPerSecond
+  return { load, cost: { cpuMsPer1k: ms / load.requests * 1000, sutBusy: ms / wallMs, loadgenBusy: Number.NaN, otherLoad: others() } }
+}
+
 async function main (): Promise<void> {
   const { values } = parseArgs({
     options: {
@@ -142,8 +178,14 @@ async function main (): Promise<void> {
       seconds: { type: 'string', default: '6' },
       connections: { type: 'string', default: '32' },
       workload: { type: 'string', default: 'small' },
+      rate: { type: 'string' },
+      gc: { type: 'boolean', default: false },
+      node: { type: 'string' },
+      'node-args': { type: 'string' },
+      env: { type: 'string', multiple: true },
     },
   })
+  useNode(values.node)
   if (values.target !== 'proxy' && values.target !== 'floor') throw new Error('--target must be proxy or floor')
   const workload = parseWorkload(values.workload)
   installCleanup()
@@ -153,14 +195,23 @@ async function main (): Promise<void> {
   const scratch = scratchDir()
   try {
     const upstream = await startUpstream(pin.upstream)
-    const nodeArgs = ['--cpu-prof', `--cpu-prof-dir=${scratch.path}`]
+    const nodeArgs = ['--cpu-prof', `--cpu-prof-dir=${scratch.path}`, ...(values.gc ? ['--trace-gc'] : []), ...splitArgs(values['node-args'])]
+    const env = parseEnv(values.env)
+    const logFile = join(scratch.path, 'server.log')
     const server = values.target === 'floor'
-      ? await startFloor(upstream.url, pin.sut, nodeArgs)
-      : await startProxy({ upstreamUrl: upstream.url, logLevel: values.level, logFile: join(scratch.path, 'proxy.log'), cwd: scratch.path, core: pin.sut, nodeArgs })
+      ? await startFloor(upstream.url, pin.sut, nodeArgs, env)
+      : await startProxy({ upstreamUrl: upstream.url, logLevel: values.level, logFile, cwd: scratch.path, core: pin.sut, nodeArgs, env })
     const connections = Number(values.connections)
+    const rate = values.rate === undefined ? undefined : Number(values.rate)
     await runLoad(workloadLoad(workload, server.url, connections, 1))
     await awaitQuiet(0.1, 30_000, m.clockTicks) // a shared machine: wait for a quiet moment
-    const r = await measure(workloadLoad(workload, server.url, connections, Number(values.seconds)), server.child.pid, upstream.child.pid, m.clockTicks)
+    const gcFrom = values.gc && values.target === 'proxy' ? gcLines(logFile).length : 0
+    const t0 = performance.now()
+    const r = rate === undefined
+      ? await measure(workloadLoad(workload, server.url, connections, Number(values.seconds)), server.child.pid, upstream.child.pid, m.clockTicks)
+      : await measurePaced(server.url + SMALL_PATH, rate, Number(values.seconds), server.child.pid, m.clockTicks)
+    const loadedSeconds = (performance.now() - t0) / 1000
+    const gc = values.gc && values.target === 'proxy' ? gcSummary(gcLines(logFile).slice(gcFrom), loadedSeconds) : undefined
     await stopChild(server.child, 10_000) // the profile is written as it exits
     await stopAll()
     const file = readdirSync(scratch.path).find(f => f.endsWith('.cpuprofile'))
@@ -171,9 +222,10 @@ async function main (): Promise<void> {
     copyFileSync(join(scratch.path, file), kept)
     const summary = summarise(JSON.parse(readFileSync(kept, 'utf8')) as CpuProfile)
     process.stdout.write([
-      `# CPU profile: ${values.target}${values.target === 'proxy' ? ` at ${values.level}` : ''}, ${values.workload}, ${connections} connections, ${values.seconds} s`,
-      `machine: ${m.cpuModel}, ${m.cores} cores, Node ${m.node}; ${pin.description}`,
-      `load: ${fixed(r.load.rps)} req/s, ${fixed(r.cost.cpuMsPer1k)} CPU ms per 1,000 requests (profiling slows it), other processes ${fixed(r.cost.otherLoad, 2)} cores`,
+      `# CPU profile: ${values.target}${values.target === 'proxy' ? ` at ${values.level}` : ''}, ${values.workload}, ${rate === undefined ? `${connections} connections (saturation)` : `${rate} req/s paced (10 keep-alive clients)`}, ${values.seconds} s`,
+      `machine: ${m.cpuModel}, ${m.cores} cores, Node ${m.node}; ${pin.description}; Node flags ${nodeArgs.slice(2).join(' ') || 'none'}`,
+      `load: ${fixed(r.load.rps)} req/s, p50 ${fixed(r.load.latency.p50, 2)} ms, p99 ${fixed(r.load.latency.p99, 2)} ms, ${fixed(r.cost.cpuMsPer1k)} CPU ms per 1,000 requests (profiling slows it), other processes ${fixed(r.cost.otherLoad, 2)} cores`,
+      ...(gc === undefined ? [] : ['', '### Garbage collection while loaded (--trace-gc)', gc]),
       `profile: ${kept.replace(ROOT + '/', '')}`,
       '',
       report(summary),

@@ -20,23 +20,47 @@ import { setTimeout as sleep } from 'node:timers/promises'
 import { parseArgs } from 'node:util'
 import { fixed, ratio, table, type Cell } from './format.js'
 import {
-  BENCH_DIR, CLI, ROOT, awaitQuiet, choosePinning, countRequestLines, installCleanup, machine, measure, median, pinProcess,
+  BENCH_DIR, CLI, ROOT, parseEnv, splitArgs, useNode, awaitQuiet, choosePinning, countRequestLines, installCleanup, machine, measure, median, pinProcess,
   noiseProbe, runLoad, runPaced, scratchDir, spawnNode, startFloor, startProxy, startUpstream, stopAll, stopChild, vmMB,
   SMALL_PATH, workloadLoad, type Workload, type Latency, type LoadResult, type Machine, type Measured, type Pinning, type Server, type Upstream,
 } from './harness.js'
 import { mintTable, type MintResult } from './mint.js'
 
+const SECTIONS = ['idle', 'small', 'big', 'rate', 'soak', 'mint'] as const
+type Section = typeof SECTIONS[number]
+
 const { values: flags } = parseArgs({
   options: {
     quick: { type: 'boolean', default: false },
     'no-pin': { type: 'boolean', default: false },
+    node: { type: 'string' },
+    cli: { type: 'string' },
+    'node-args': { type: 'string' },
+    env: { type: 'string', multiple: true },
+    sections: { type: 'string', default: SECTIONS.join(',') },
     help: { type: 'boolean', default: false },
   },
 })
 if (flags.help) {
-  process.stdout.write('usage: npm run bench [-- --quick] [-- --no-pin]\n  --quick   1 round, short runs: under a minute\n  --no-pin  do not pin processes to cores with taskset\n')
+  process.stdout.write([
+    'usage: npm run bench [-- --quick] [-- --no-pin] [-- --node <path>] [-- --node-args "<flags>"] [-- --env NAME=value …] [-- --sections idle,small,…]',
+    '  --quick       1 round, short runs: a few minutes',
+    '  --no-pin      do not pin processes to cores with taskset',
+    '  --node        the Node binary every server runs on (default: BENCH_NODE, else the one running the bench)',
+    '  --cli         another build\'s dist/cli.js to measure as the proxy (e.g. a worktree of the commit before a change)',
+    '  --node-args   Node flags for the proxy only, with "=": --node-args="--max-semi-space-size=8 --max-old-space-size=128"',
+    '  --env         added to the proxy\'s environment, e.g. MALLOC_ARENA_MAX=2 (repeatable)',
+    `  --sections    which parts to run (default all: ${SECTIONS.join(',')})`,
+    '',
+  ].join('\n'))
   process.exit(0)
 }
+useNode(flags.node)
+const proxyNodeArgs = splitArgs(flags['node-args'])
+const proxyExtraEnv = parseEnv(flags.env)
+const sections = new Set(flags.sections.split(',').map(x => x.trim()).filter(x => x !== ''))
+for (const x of sections) if (!SECTIONS.includes(x as Section)) throw new Error(`--sections: unknown ${JSON.stringify(x)} (choices: ${SECTIONS.join(', ')})`)
+const runs = (x: Section): boolean => sections.has(x)
 
 interface Settings {
   readonly rounds: number
@@ -50,8 +74,12 @@ interface Settings {
   readonly rate: number
   readonly rateSeconds: number
   readonly soakRequests: number
+  /** RSS is read after this many soak requests, and again at the end. */
+  readonly soakCheckpoint: number
   readonly soakConnections: number
-  readonly soakWarmupSeconds: number
+  /** Idle: requests after start, then seconds of quiet, before RSS is read. */
+  readonly idleRequests: number
+  readonly idleSettleSeconds: number
   /** Extra time the run may spend waiting for, or repeating after, other processes' load (see Noise). */
   readonly noiseBudgetSeconds: number
 }
@@ -60,7 +88,8 @@ const FULL: Settings = {
   rounds: 3, seconds: 6, warmupSeconds: 1.5, connections: [32, 256],
   bigSeconds: 4, bigWarmupSeconds: 0.5, bigConnections: 32,
   rate: 1000, rateSeconds: 4,
-  soakRequests: 200_000, soakConnections: 32, soakWarmupSeconds: 2,
+  soakRequests: 20_000, soakCheckpoint: 2_000, soakConnections: 32,
+  idleRequests: 50, idleSettleSeconds: 5,
   noiseBudgetSeconds: 60,
 }
 const QUICK: Settings = {
@@ -68,7 +97,7 @@ const QUICK: Settings = {
   rounds: 1, seconds: 1, warmupSeconds: 0.5,
   bigSeconds: 1, bigWarmupSeconds: 0.3,
   rateSeconds: 1,
-  soakRequests: 20_000, soakWarmupSeconds: 0.5,
+  
   noiseBudgetSeconds: 0,
 }
 const settings = flags.quick ? QUICK : FULL
@@ -156,7 +185,7 @@ async function start (ctx: Context, target: Target): Promise<Started> {
   if (target === 'direct') {
     pinProcess(upstream.child.pid, pin.sut)
     return {
-      server: { child: upstream.child, url: upstream.url },
+      server: { child: upstream.child, url: upstream.url, readyMs: Number.NaN },
       pid: upstream.child.pid,
       upstreamPid: undefined,
       stop: async () => {
@@ -174,6 +203,9 @@ async function start (ctx: Context, target: Target): Promise<Started> {
       logFile: join(ctx.scratch, `proxy-${++logSeq}.log`),
       cwd: ctx.scratch,
       core: pin.sut,
+      nodeArgs: proxyNodeArgs,
+      env: proxyExtraEnv,
+      ...(flags.cli === undefined ? {} : { cli: flags.cli }),
     })
   const { pid } = server.child
   return {
@@ -396,45 +428,84 @@ function summariseRate (runs: readonly RateRun[]): RateSummary[] {
 }
 
 // ---------------------------------------------------------------------------
-// RSS soak
+// Idle footprint and start-up: what every pod pays before any load.
+
+interface IdleRun {
+  readonly target: 'proxy' | 'floor'
+  readonly round: number
+  /** Spawn to ready (the proxy: /readyz 200; the floor: listening). */
+  readonly readyMs: number
+  /** RssAnon: the per-pod part (the binary's file-backed pages are shared between pods of a node). */
+  readonly anonMB: number
+  readonly rssMB: number
+  readonly otherLoad: number
+}
+
+async function idleOnce (ctx: Context, target: 'proxy' | 'floor', round: number): Promise<IdleRun> {
+  await ctx.noise.settle()
+  const others = noiseProbe([], ctx.machine.clockTicks)
+  const s = await start(ctx, target)
+  try {
+    await runLoad({ url: s.server.url + PATH, connections: 1, amount: settings.idleRequests })
+    await sleep(settings.idleSettleSeconds * 1000)
+    const run = { target, round, readyMs: s.server.readyMs, anonMB: vmMB(s.pid, 'RssAnon'), rssMB: vmMB(s.pid, 'VmRSS'), otherLoad: others() }
+    progress(`  idle round ${round}: ${LABEL[target].padEnd(12)} ready ${fixed(run.readyMs, 0)} ms  RssAnon ${fixed(run.anonMB, 1)} MB  RSS ${fixed(run.rssMB, 1)} MB`)
+    return run
+  } finally {
+    await s.stop()
+  }
+}
+
+interface IdleSummary { readonly target: 'proxy' | 'floor', readonly readyMs: number, readonly anonMB: number, readonly rssMB: number }
+
+function summariseIdle (runs: readonly IdleRun[]): IdleSummary[] {
+  return (['proxy', 'floor'] as const).map(target => {
+    const rs = runs.filter(r => r.target === target)
+    return { target, readyMs: median(rs.map(r => r.readyMs)), anonMB: median(rs.map(r => r.anonMB)), rssMB: median(rs.map(r => r.rssMB)) }
+  })
+}
+
+// ---------------------------------------------------------------------------
+// RSS soak: a fresh server, RSS after the first requests and at the end.
 
 interface Soak {
+  readonly target: 'proxy' | 'floor'
   readonly requests: number
   readonly connections: number
   readonly rps: number
   readonly failures: number
-  readonly rssBeforeMB: number
+  /** VmRSS after settings.soakCheckpoint requests. */
+  readonly rssAtCheckpointMB: number
   readonly rssAfterMB: number
   readonly peakRssMB: number
-  /** After less before. */
+  /** After less at the checkpoint. */
   readonly growthMB: number
   /**
    * Median VmRSS over the last fifth of the soak less that over the first
-   * fifth: the trend, which a garbage collection just before or after a
-   * single sample cannot fake (RSS saw-tooths by ±10 MB as the heap grows
-   * and is collected).
+   * fifth after the checkpoint: the trend, which a garbage collection just
+   * before or after a single sample cannot fake (RSS saw-tooths as the heap
+   * grows and is collected).
    */
   readonly trendMB: number
   readonly otherLoad: number
-  /** [seconds since start, VmRSS MB] every 250 ms. */
+  /** [seconds since the checkpoint, VmRSS MB] every 250 ms. */
   readonly samples: readonly (readonly [number, number])[]
 }
 
-async function soak (ctx: Context): Promise<Soak> {
-  const s = await start(ctx, 'proxy')
+async function soak (ctx: Context, target: 'proxy' | 'floor'): Promise<Soak> {
+  await ctx.noise.settle()
+  const s = await start(ctx, target)
   try {
     const { url } = s.server
-    await runLoad({ url: url + PATH, connections: settings.soakConnections, duration: settings.soakWarmupSeconds })
-    await sleep(200)
-    await ctx.noise.settle()
-    const before = vmMB(s.pid, 'VmRSS')
+    const others = noiseProbe([s.pid, ctx.upstream.child.pid], ctx.machine.clockTicks)
+    const first = await runLoad({ url: url + PATH, connections: settings.soakConnections, amount: settings.soakCheckpoint })
+    const atCheckpoint = vmMB(s.pid, 'VmRSS')
     const samples: [number, number][] = []
     const t0 = performance.now()
     const timer = setInterval(() => { samples.push([(performance.now() - t0) / 1000, vmMB(s.pid, 'VmRSS')]) }, 250)
-    const others = noiseProbe([s.pid, ctx.upstream.child.pid], ctx.machine.clockTicks)
     let r
     try {
-      r = await runLoad({ url: url + PATH, connections: settings.soakConnections, amount: settings.soakRequests })
+      r = await runLoad({ url: url + PATH, connections: settings.soakConnections, amount: settings.soakRequests - settings.soakCheckpoint })
     } finally {
       clearInterval(timer)
     }
@@ -442,19 +513,22 @@ async function soak (ctx: Context): Promise<Soak> {
     const fifth = Math.max(1, Math.floor(samples.length / 5))
     const rss = samples.map(([, mb]) => mb)
     const peak = vmMB(s.pid, 'VmHWM')
-    return {
-      requests: r.requests,
+    const soaked: Soak = {
+      target,
+      requests: first.requests + r.requests,
       connections: settings.soakConnections,
       rps: r.rps,
-      failures: r.errors + r.non2xx,
-      rssBeforeMB: before,
+      failures: first.errors + first.non2xx + r.errors + r.non2xx,
+      rssAtCheckpointMB: atCheckpoint,
       rssAfterMB: after,
       peakRssMB: peak,
-      growthMB: after - before,
-      trendMB: median(rss.slice(-fifth)) - median(rss.slice(0, fifth)),
+      growthMB: after - atCheckpoint,
+      trendMB: rss.length === 0 ? Number.NaN : median(rss.slice(-fifth)) - median(rss.slice(0, fifth)),
       otherLoad: others(),
       samples,
     }
+    progress(`  soak ${LABEL[target].padEnd(12)} RSS at ${settings.soakCheckpoint}: ${fixed(atCheckpoint, 1)} MB, at ${soaked.requests}: ${fixed(after, 1)} MB`)
+    return soaked
   } finally {
     await s.stop()
   }
@@ -487,7 +561,7 @@ async function mint (ctx: Context): Promise<MintResult & { readonly otherLoad: n
 
 interface Check { readonly what: string, readonly goal: string, readonly measured: string, readonly met: boolean | undefined }
 
-function checks (small: readonly Summary[], big: readonly Summary[], rate: readonly RateSummary[], s: Soak): Check[] {
+function checks (small: readonly Summary[], big: readonly Summary[], rate: readonly RateSummary[], soaks: readonly Soak[], idle: readonly IdleSummary[]): Check[] {
   const out: Check[] = []
   const atLeast = (what: string, value: number, goal: number, show = ratio): void => {
     out.push({ what, goal: `≥ ${goal}`, measured: show(value), met: Number.isNaN(value) ? undefined : value >= goal })
@@ -508,9 +582,19 @@ function checks (small: readonly Summary[], big: readonly Summary[], rate: reado
     atMost(`added latency p50 at ${settings.rate} req/s (${generator})`, p?.addedP50 ?? Number.NaN, 0.3, 'ms')
     atMost(`added latency p99 at ${settings.rate} req/s (${generator})`, p?.addedP99 ?? Number.NaN, 1.5, 'ms')
   }
-  const maxConns = Math.max(...settings.connections)
-  atMost(`proxy peak RSS, ${maxConns} conns`, find(small, 'small', 'proxy', maxConns)?.peakRssMB ?? Number.NaN, 100, 'MB')
-  atMost(`RSS growth over ${s.requests.toLocaleString('en-US')} requests (trend)`, s.trendMB, 10, 'MB')
+  // Issue 13's targets (a sidecar's footprint).
+  const proxyIdle = idle.find(x => x.target === 'proxy')
+  atMost('proxy idle RssAnon (start + 50 requests + 5 s)', proxyIdle?.anonMB ?? Number.NaN, 35, 'MB')
+  atMost('proxy idle RSS', proxyIdle?.rssMB ?? Number.NaN, 90, 'MB')
+  atMost('proxy start to /readyz 200', proxyIdle?.readyMs ?? Number.NaN, 200, 'ms')
+  const peakGoal: Readonly<Record<number, number>> = { 32: 120, 256: 130 }
+  for (const c of settings.connections) atMost(`proxy peak RSS, ${c} conns`, find(small, 'small', 'proxy', c)?.peakRssMB ?? Number.NaN, peakGoal[c] ?? 130, 'MB')
+  const p99 = (t: Target): number => find(small, 'small', t, 32)?.p99 ?? Number.NaN
+  atMost('proxy / floor p99 at 32 conns (saturation)', p99('proxy') / p99('floor'), 1.3, '×')
+  const pacedAdded = (t: Target): number => rate.find(r => r.generator === 'paced' && r.target === t)?.addedP99 ?? Number.NaN
+  atMost(`added p99 at ${settings.rate} req/s (paced), proxy ≤ floor`, pacedAdded('proxy') - pacedAdded('floor'), 0, 'ms over the floor')
+  const s = soaks.find(x => x.target === 'proxy')
+  atMost(`proxy RSS growth from request ${settings.soakCheckpoint.toLocaleString('en-US')} to ${settings.soakRequests.toLocaleString('en-US')}`, s?.growthMB ?? Number.NaN, 10, 'MB')
   atLeast('1 MiB GET proxy / floor', rpsRatio(big, 'get-1mib', 'proxy', 'floor', settings.bigConnections), 0.95)
   atLeast('1 MiB POST proxy / floor', rpsRatio(big, 'post-1mib', 'proxy', 'floor', settings.bigConnections), 0.95)
   return out
@@ -556,9 +640,13 @@ function rateTable (rate: readonly RateSummary[]): string {
     rate.map(r => [r.generator, LABEL[r.target], r.p50, r.p90, r.p99, r.target === 'direct' ? '' : fixed(r.addedP50, 3), r.target === 'direct' ? '' : fixed(r.addedP99, 3), r.failures]))
 }
 
-function soakTable (s: Soak): string {
-  return table(['requests', 'conns', 'req/s', 'RSS before MB', 'RSS after MB', 'peak MB', 'after − before MB', 'trend MB', 'failed'],
-    [[s.requests, s.connections, Math.round(s.rps), s.rssBeforeMB, s.rssAfterMB, s.peakRssMB, fixed(s.growthMB, 1), fixed(s.trendMB, 1), s.failures]])
+function soakTable (soaks: readonly Soak[]): string {
+  return table(['server', 'requests', 'conns', 'req/s', `RSS at ${settings.soakCheckpoint} MB`, 'RSS at end MB', 'peak MB', 'end − checkpoint MB', 'trend MB', 'failed'],
+    soaks.map(s => [LABEL[s.target], s.requests, s.connections, Math.round(s.rps), s.rssAtCheckpointMB, s.rssAfterMB, s.peakRssMB, fixed(s.growthMB, 1), fixed(s.trendMB, 1), s.failures]))
+}
+
+function idleTable (idle: readonly IdleSummary[]): string {
+  return table(['server', 'start to ready ms', 'RssAnon MB', 'RSS MB'], idle.map(x => [LABEL[x.target], fixed(x.readyMs, 0), x.anonMB, x.rssMB]))
 }
 
 function checkTable (list: readonly Check[]): string {
@@ -590,7 +678,14 @@ async function main (): Promise<void> {
     const noise = new Noise(settings.noiseBudgetSeconds * 1000, m.clockTicks)
     const ctx: Context = { machine: m, pin, upstream, scratch: scratch.path, noise }
 
-    const smallRuns = await timed('small responses', async () => {
+    const idleRuns = !runs('idle') ? [] : await timed('idle footprint and start-up', async () => {
+      const out: IdleRun[] = []
+      for (let round = 1; round <= settings.rounds; round++) {
+        for (const t of ['proxy', 'floor'] as const) out.push(await idleOnce(ctx, t, round))
+      }
+      return out
+    })
+    const smallRuns = !runs('small') ? [] : await timed('small responses', async () => {
       const runs: ThroughputRun[] = []
       for (let round = 1; round <= settings.rounds; round++) {
         for (const c of settings.connections) {
@@ -599,7 +694,7 @@ async function main (): Promise<void> {
       }
       return runs
     })
-    const bigRuns = await timed('1 MiB bodies', async () => {
+    const bigRuns = !runs('big') ? [] : await timed('1 MiB bodies', async () => {
       const runs: ThroughputRun[] = []
       for (let round = 1; round <= settings.rounds; round++) {
         for (const w of ['get-1mib', 'post-1mib'] as const) {
@@ -608,20 +703,22 @@ async function main (): Promise<void> {
       }
       return runs
     })
-    const rateRuns = await timed('fixed rate', () => fixedRate(ctx))
-    const soaked = await timed('RSS soak', () => soak(ctx))
-    const minted = await timed('token minting', () => mint(ctx))
+    const rateRuns = !runs('rate') ? [] : await timed('fixed rate', () => fixedRate(ctx))
+    const soaks = !runs('soak') ? [] : await timed('RSS soak', async () => [await soak(ctx, 'proxy'), await soak(ctx, 'floor')])
+    const minted = !runs('mint') ? undefined : await timed('token minting', () => mint(ctx))
     await stopAll()
 
     const small = summarise(smallRuns)
     const big = summarise(bigRuns)
     const rate = summariseRate(rateRuns)
-    const checked = checks(small, big, rate, soaked)
-    const others = [...smallRuns, ...bigRuns, ...rateRuns, soaked].map(r => r.otherLoad)
+    const idle = summariseIdle(idleRuns)
+    const checked = checks(small, big, rate, soaks, idle)
+    const others = [...idleRuns, ...smallRuns, ...bigRuns, ...rateRuns, ...soaks].map(r => r.otherLoad)
     const noiseLine = `machine noise: other processes used ${fixed(median(others), 2)} cores (median; max ${fixed(Math.max(...others), 2)}) during the measurements` +
       (noise.repeats + noise.waitedMs > 0 ? `; ${fixed(noise.waitedMs / 1000, 0)} s spent waiting for quiet, ${noise.repeats} measurement(s) repeated` : '') +
       (median(others) > 0.05 ? ' — NOT QUIET: these figures are not reliable' : '')
     const finished = new Date()
+    const command = ['npm run bench --', ...process.argv.slice(2)].join(' ').replace(/ --$/, '')
     const seconds = (finished.getTime() - started.getTime()) / 1000
 
     const out = [
@@ -629,30 +726,43 @@ async function main (): Promise<void> {
       `machine: ${m.cpuModel}, ${m.cores} cores, ${m.platform}, Node ${m.node}`,
       `pinning: ${pin.description}`,
       `mode:    ${mode}; figures are medians over the rounds (peak RSS: the maximum)`,
-      `command: npm run bench${flags.quick ? ' -- --quick' : ''}   (took ${fixed(seconds, 0)} s)`,
+      `command: ${command}   (took ${fixed(seconds, 0)} s)`,
+      `proxy: Node flags ${proxyNodeArgs.length === 0 ? 'none' : proxyNodeArgs.join(' ')}; extra environment ${Object.keys(proxyExtraEnv).length === 0 ? 'none' : Object.entries(proxyExtraEnv).map(([k, v]) => `${k}=${v}`).join(' ')} (the floor runs with neither)`,
       noiseLine,
       '',
-      `## Small responses (GET ${PATH}, ${upstream.smallBytes}-byte JSON), keep-alive`,
-      smallTable(small),
-      `core busy: share of its core the server under test used; CPU ms/1k req from /proc/<pid>/stat; peak RSS: VmHWM of a fresh process per run (* direct: the upstream's, over its whole life)`,
-      '',
-      ratioTable(small),
-      '',
-      `## 1 MiB bodies, ${settings.bigConnections} connections`,
-      bigTable(big),
-      '',
-      `## Latency at a fixed ${settings.rate.toLocaleString('en-US')} req/s (${settings.rateSeconds} s per run), added = over direct`,
-      rateTable(rate),
-      'paced: one request every 1 ms on a keep-alive agent (open loop); autocannon-R: autocannon -R over 1 connection (each second\'s quota back to back)',
-      '',
-      `## RSS soak (proxy, info), ${soaked.requests.toLocaleString('en-US')} requests`,
-      soakTable(soaked),
-      'VmRSS sampled every 250 ms; trend: median over the last fifth of the soak less the median over the first fifth',
-      '',
-      `## Token minting (one core; other processes used ${fixed(minted.otherLoad, 2)} cores meanwhile)`,
-      mintTable(minted),
-      '',
-      '## Targets (issue 6)',
+      ...(!runs('idle') ? [] : [
+        `## Idle (fresh process, ${settings.idleRequests} requests, then ${settings.idleSettleSeconds} s) and start-up`,
+        idleTable(idle),
+        'RssAnon: anonymous resident memory, what each pod adds (the binary\'s file-backed pages are shared by the pods of a node)',
+        '',
+      ]),
+      ...(!runs('small') ? [] : [
+        `## Small responses (GET ${PATH}, ${upstream.smallBytes}-byte JSON), keep-alive`,
+        smallTable(small),
+        `core busy: share of its core the server under test used; CPU ms/1k req from /proc/<pid>/stat; peak RSS: VmHWM of a fresh process per run (* direct: the upstream's, over its whole life)`,
+        '',
+        ratioTable(small),
+        '',
+      ]),
+      ...(!runs('big') ? [] : [
+        `## 1 MiB bodies, ${settings.bigConnections} connections`,
+        bigTable(big),
+        '',
+      ]),
+      ...(!runs('rate') ? [] : [
+        `## Latency at a fixed ${settings.rate.toLocaleString('en-US')} req/s (${settings.rateSeconds} s per run), added = over direct`,
+        rateTable(rate),
+        'paced: one request every 1 ms, 10 keep-alive clients (open loop); autocannon-R: autocannon -R over 1 connection (each second\'s quota back to back)',
+        '',
+      ]),
+      ...(!runs('soak') ? [] : [
+        `## RSS soak, ${settings.soakRequests.toLocaleString('en-US')} requests on a fresh process, ${settings.soakConnections} connections`,
+        soakTable(soaks),
+        `VmRSS after request ${settings.soakCheckpoint.toLocaleString('en-US')} and at the end, sampled every 250 ms in between; trend: median over the last fifth less the median over the first fifth`,
+        '',
+      ]),
+      ...(minted === undefined ? [] : [`## Token minting (one core; other processes used ${fixed(minted.otherLoad, 2)} cores meanwhile)`, mintTable(minted), '']),
+      '## Targets (issues 6 and 13)',
       checkTable(checked),
       '',
       `section times: ${Object.entries(timings).map(([k, v]) => `${k} ${fixed(v, 0)} s`).join(', ')}`,
@@ -665,7 +775,9 @@ async function main (): Promise<void> {
       finishedAt: finished.toISOString(),
       seconds,
       commit,
-      command: `npm run bench${flags.quick ? ' -- --quick' : ''}`,
+      command,
+      proxyNodeArgs,
+      proxyExtraEnv,
       mode: flags.quick ? 'quick' : 'full',
       machine: m,
       pinning: pin,
@@ -675,7 +787,8 @@ async function main (): Promise<void> {
       small: { summary: small, runs: smallRuns },
       large: { summary: big, runs: bigRuns },
       fixedRate: { summary: rate, runs: rateRuns },
-      soak: soaked,
+      idle: { summary: idle, runs: idleRuns },
+      soak: soaks,
       mint: minted,
       targets: checked,
     }
@@ -686,8 +799,10 @@ async function main (): Promise<void> {
     // A quick run is indicative only: it never replaces the latest full figures.
     const latest = flags.quick ? 'latest-quick.json' : 'latest.json'
     writeFileSync(join(dir, name), json)
-    writeFileSync(join(dir, latest), json)
-    progress(`results: bench/results/${name} and bench/results/${latest}`)
+    // Nor does a run of some sections only, or with other flags for the proxy.
+    const complete = sections.size === SECTIONS.length && flags.cli === undefined && proxyNodeArgs.length === 0 && Object.keys(proxyExtraEnv).length === 0
+    if (complete) writeFileSync(join(dir, latest), json)
+    progress(`results: bench/results/${name}${complete ? ` and bench/results/${latest}` : ''}`)
   } finally {
     await stopAll()
     scratch.remove()

@@ -272,6 +272,7 @@ export function upstreamsFor (config: Config, logger: FastifyBaseLogger): Upstre
     connectTimeoutMs: config.connectTimeoutMs,
     headersTimeoutMs: config.upstreamTimeoutMs,
     bodyIdleTimeoutMs: config.bodyIdleTimeoutMs,
+    maxConnections: config.upstreamMaxConnections,
     tls: config.tls,
     egress: config.egress,
     logger,

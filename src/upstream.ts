@@ -56,6 +56,8 @@ export interface UpstreamOptions {
   readonly headersTimeoutMs: number
   /** Longest silence while a body streams. */
   readonly bodyIdleTimeoutMs: number
+  /** Sockets per upstream origin; requests beyond them wait in the pool's queue. */
+  readonly maxConnections: number
 }
 
 /** The same for every upstream connection, direct or through an egress proxy. */
@@ -66,6 +68,7 @@ function poolOptions (opts: UpstreamOptions): Pool.Options {
     // Keep idle sockets a little under the common 5 s server default, so the
     // proxy closes them first instead of writing into a socket being closed.
     keepAliveTimeout: 4_000,
+    connections: opts.maxConnections,
   }
 }
 

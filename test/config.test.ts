@@ -28,6 +28,7 @@ t.test('defaults', async t => {
   t.equal(c.tokenEncoding, 'url')
   t.equal(c.upstreamTimeoutMs, 30000)
   t.equal(c.connectTimeoutMs, 5000)
+  t.equal(c.upstreamMaxConnections, 256, 'upstream sockets per origin are bounded by default')
   t.equal(c.logLevel, 'info')
   t.same(c.routes.map(r => r.name), ['api'])
   t.equal(c.clockSkewCorrection, false, 'clock skew correction off')
@@ -83,6 +84,8 @@ t.test('each bad value exits with a line naming the variable', async t => {
     [{ ...base, COS_API_ALLOWED_METHODS: 'GET,CONNECT' }, 'COS_API_ALLOWED_METHODS', /CONNECT/],
     [{ ...base, COS_MAX_BODY_BYTES: '-1' }, 'COS_MAX_BODY_BYTES', /bytes/],
     [{ ...base, COS_MAX_CONNECTIONS: '0' }, 'COS_MAX_CONNECTIONS', /connections/],
+    [{ ...base, COS_UPSTREAM_MAX_CONNECTIONS: '0' }, 'COS_UPSTREAM_MAX_CONNECTIONS', /connections 1-65536/],
+    [{ ...base, COS_UPSTREAM_MAX_CONNECTIONS: 'unbounded' }, 'COS_UPSTREAM_MAX_CONNECTIONS', /connections 1-65536/],
     [{ ...base, COS_ADMIN_MAX_CONNECTIONS: '0' }, 'COS_ADMIN_MAX_CONNECTIONS', /connections/],
     [{ ...base, COS_ADMIN_MAX_CONNECTIONS: 'few' }, 'COS_ADMIN_MAX_CONNECTIONS', /connections/],
     [{ ...base, COS_ALLOWED_ORIGINS: 'null' }, 'COS_ALLOWED_ORIGINS', /must not list "null"/],

@@ -19,6 +19,8 @@ export interface ForwardProxy {
   readonly url: string
   readonly port: number
   readonly saw: ProxySaw[]
+  /** Client connections accepted so far. */
+  connections: () => number
   close: () => Promise<void>
 }
 
@@ -61,7 +63,8 @@ export async function startForwardProxy (opts: ForwardProxyOptions = {}): Promis
     req.pipe(out)
   }
   const server = opts.tls === undefined ? createServer(onRequest) : createHttpsServer(opts.tls, onRequest)
-  server.on('connection', (s: Socket) => { sockets.add(s); s.on('close', () => sockets.delete(s)) })
+  let connections = 0
+  server.on('connection', (s: Socket) => { connections++; sockets.add(s); s.on('close', () => sockets.delete(s)) })
   server.on('connect', (req, client: Socket, head: Buffer) => {
     const target = req.url ?? ''
     saw.push({ method: 'CONNECT', target, headers: req.headers })
@@ -87,6 +90,7 @@ export async function startForwardProxy (opts: ForwardProxyOptions = {}): Promis
     url: `${opts.tls === undefined ? 'http' : 'https'}://127.0.0.1:${port}`,
     port,
     saw,
+    connections: () => connections,
     close: () => new Promise(resolve => { for (const s of sockets) s.destroy(); server.close(() => resolve()) }),
   }
 }

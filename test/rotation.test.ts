@@ -648,7 +648,7 @@ t.test('a FIFO or an oversized file at a TLS path is refused without blocking: a
 
   const caFile = join(tmp, 'ca-rotating.pem')
   copyFileSync(pki.caFile, caFile)
-  const upstreams = new Upstreams({ connectTimeoutMs: 1000, headersTimeoutMs: 1000, bodyIdleTimeoutMs: 1000, tls: { caFile }, logger })
+  const upstreams = new Upstreams({ connectTimeoutMs: 1000, headersTimeoutMs: 1000, bodyIdleTimeoutMs: 1000, maxConnections: 32, tls: { caFile }, logger })
   upstreams.watch(20)
   t.teardown(() => upstreams.close())
   const ticks = ticker(t)
