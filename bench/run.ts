@@ -48,7 +48,7 @@ if (flags.help) {
     '  --no-pin      do not pin processes to cores with taskset',
     '  --node        the Node binary every server runs on (default: BENCH_NODE, else the one running the bench)',
     '  --cli         another build\'s dist/cli.js to measure as the proxy (e.g. a worktree of the commit before a change)',
-    '  --node-args   Node flags for the proxy only, with "=": --node-args="--max-semi-space-size=8 --max-old-space-size=128"',
+    '  --node-args   Node flags for the proxy only, with "=": --node-args="--max-semi-space-size=16"',
     '  --env         added to the proxy\'s environment, e.g. MALLOC_ARENA_MAX=2 (repeatable)',
     `  --sections    which parts to run (default all: ${SECTIONS.join(',')})`,
     '',
