@@ -16,8 +16,8 @@ export const SIDECAR = {
   credentialsDefaultMode: 0o444,
   proxyPort: 8080,
   adminPort: 9090,
-  requests: { cpu: '50m', memory: '128Mi' },
-  limits: { cpu: '1', memory: '256Mi' },
+  requests: { cpu: '50m', memory: '192Mi' },
+  limits: { cpu: '1', memory: '320Mi' },
   runAsUser: 65532,
   runAsGroup: 65532,
   probes: {
