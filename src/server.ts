@@ -7,7 +7,7 @@ import type { Duplex } from 'node:stream'
 import { setTimeout as sleep } from 'node:timers/promises'
 import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply } from 'fastify'
 import type { Logger } from 'pino'
-import { buildAdminServer, type Readiness } from './admin.js'
+import { buildAdminServer, listenWithAdmin, type Readiness } from './admin.js'
 import { AuthRefusals } from './auth-refusals.js'
 import { reapIdleConnections, type WithPendingResponse } from './connections.js'
 import { PROXY_METHODS, type Config } from './config.js'
@@ -556,8 +556,7 @@ export async function serve (opts: ServeOptions): Promise<void> {
   }
 
   const admin = buildAdminServer({ metrics, readiness, onQuit: () => stop('quitquitquit'), logger, limits: { maxConnections: config.admin.maxConnections } })
-  await admin.listen({ host: config.admin.host, port: config.admin.port })
-  await app.listen({ host: config.listen.host, port: config.listen.port })
+  const { address, fields } = await listenWithAdmin(app, config.listen, admin, config.admin)
   listening = true
 
   process.on('SIGTERM', () => stop('SIGTERM'))
@@ -567,12 +566,8 @@ export async function serve (opts: ServeOptions): Promise<void> {
     logger.warn({ host: config.listen.host, allowFrom: config.allowFrom },
       'listening beyond loopback with the default COS_ALLOW_FROM: only 127.0.0.0/8 and ::1 may use the proxy; set COS_ALLOW_FROM to the CIDRs of your clients (and restrict them with a NetworkPolicy)')
   }
-  const address = app.server.address() as AddressInfo
-  const adminAddress = admin.server.address() as AddressInfo
   logger.info({
-    address: address.address,
-    port: address.port,
-    admin: { address: adminAddress.address, port: adminAddress.port },
+    ...fields,
     accessKey: store.current?.accessKey ?? null,
     routes: config.routes.map(r => ({ name: r.name, prefix: r.prefix === '' ? '/' : r.prefix, upstream: r.url, ...egressOf(upstreams, r.origin) })),
   }, 'cos-auth-proxy listening')

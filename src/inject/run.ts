@@ -5,7 +5,7 @@
 import type { AddressInfo } from 'node:net'
 import { setTimeout as sleep } from 'node:timers/promises'
 import type { Logger } from 'pino'
-import { buildAdminServer, type Readiness } from '../admin.js'
+import { buildAdminServer, listenWithAdmin, type Readiness } from '../admin.js'
 import { createLogger, stdoutDestination } from '../logger.js'
 import { loadInjectConfig, type InjectConfig } from './config.js'
 import { InjectMetrics } from './metrics.js'
@@ -50,15 +50,10 @@ export async function startWebhook (config: InjectConfig, logger: Logger): Promi
     return stopping
   }
   const admin = buildAdminServer({ metrics, readiness, onQuit: () => { void stop('quitquitquit') }, logger, limits: { maxConnections: config.admin.maxConnections } })
-  await admin.listen({ host: config.admin.host, port: config.admin.port })
-  await app.listen({ host: config.listen.host, port: config.listen.port })
+  const { address, adminAddress, fields } = await listenWithAdmin(app, config.listen, admin, config.admin)
   listening = true
-  const address = app.server.address() as AddressInfo
-  const adminAddress = admin.server.address() as AddressInfo
   logger.info({
-    address: address.address,
-    port: address.port,
-    admin: { address: adminAddress.address, port: adminAddress.port },
+    ...fields,
     image: config.settings.image,
     nativeSidecar: config.settings.nativeSidecar,
     defaultSecret: config.settings.defaultSecret ?? null,
