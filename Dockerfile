@@ -36,6 +36,8 @@ COPY src ./src
 RUN node scripts/bundle.mjs
 
 FROM gcr.io/distroless/nodejs24-debian12:nonroot
+# The default is package.json's version (test/version.test.ts keeps them equal;
+# a Dockerfile cannot read it from a file); --build-arg VERSION=… overrides it.
 ARG VERSION=0.1.0
 ARG REVISION=unknown
 LABEL org.opencontainers.image.title="cos-auth-proxy" \
