@@ -36,6 +36,8 @@ COPY src ./src
 RUN node scripts/bundle.mjs
 
 FROM gcr.io/distroless/nodejs24-debian12:nonroot
+# The default is package.json's version (test/version.test.ts keeps them equal;
+# a Dockerfile cannot read it from a file); --build-arg VERSION=… overrides it.
 ARG VERSION=0.1.0
 ARG REVISION=unknown
 LABEL org.opencontainers.image.title="cos-auth-proxy" \
@@ -50,7 +52,7 @@ LABEL org.opencontainers.image.title="cos-auth-proxy" \
 # to serve other hosts.
 # MALLOC_ARENA_MAX=2: glibc keeps two malloc arenas instead of up to 8 per
 # core, which holds native memory down; `npm start` cannot set it (no
-# wrapper), so the README tells you to export it to match the image.
+# wrapper), so README.md and docs/development.md tell you to export it to match the image.
 ENV NODE_ENV=production \
     MALLOC_ARENA_MAX=2 \
     COS_ADMIN_HOST=0.0.0.0
@@ -67,6 +69,6 @@ HEALTHCHECK --interval=10s --timeout=5s --start-period=15s --retries=3 \
 # The same file and Node flags as `npm start` (package.json); a test keeps
 # the two equal. Heap flags: the young generation capped at 16 MB per
 # semi-space, no old-space cap: every old-space cap measured cost CPU at 256
-# connections (README, "Performance", levers table).
+# connections (docs/performance.md, "Settings that move together").
 ENTRYPOINT ["/nodejs/bin/node", "--max-semi-space-size=16", "/app/dist/cos-auth-proxy.mjs"]
 CMD ["serve"]

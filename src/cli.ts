@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// cos-auth-proxy [serve|token|verify|config|mock-api|demo]
+// cos-auth-proxy [serve|token|verify|config|mock-api|demo|inject] | --version
 import { randomBytes } from 'node:crypto'
 import type { AddressInfo } from 'node:net'
 import { setTimeout as sleep } from 'node:timers/promises'
@@ -26,7 +26,9 @@ commands:
   demo                        run mock-api and the proxy with a throwaway key pair
   inject                      run the Kubernetes admission webhook that injects the sidecar (COS_INJECT_*)
 
-Configuration comes from COS_* environment variables and ./.env; see README.md.`
+  --version, -v               print "cos-auth-proxy <version>"
+
+Configuration comes from COS_* environment variables and ./.env; see docs/configuration.md.`
 
 class UsageError extends Error {}
 
@@ -227,8 +229,18 @@ function stopOnSignal (stop: () => Promise<void>): void {
   process.on('SIGINT', handler)
 }
 
+/** package.json's version: the bundle carries it (esbuild inlines the JSON), dist/cli.js reads it beside dist/. */
+async function version (): Promise<string> {
+  const pkg = await import('../package.json', { with: { type: 'json' } })
+  return pkg.default.version
+}
+
 export async function main (argv: string[]): Promise<void> {
   const [first, ...rest] = argv
+  if (first === '--version' || first === '-v') {
+    process.stdout.write(`cos-auth-proxy ${await version()}\n`)
+    return
+  }
   const name = first === undefined || first.startsWith('-') ? 'serve' : first
   const args = first === undefined || first.startsWith('-') ? argv : rest
   if (name === 'help' || args.includes('--help') || args.includes('-h')) {

@@ -84,7 +84,7 @@ function rawPrefixLength (raw: string, prefix: string): number {
 
 interface Expected { readonly route: RouteName, readonly url: string }
 
-/** Where a path must go and with which URL, per the README's routing table. */
+/** Where a path must go and with which URL, per the routing table of docs/routing.md. */
 function expected (r: Rig, target: string): Expected | undefined {
   const q = target.indexOf('?')
   const path = q < 0 ? target : target.slice(0, q)
