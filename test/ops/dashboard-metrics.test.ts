@@ -1,0 +1,84 @@
+// The Grafana dashboard and the alert rules the chart ships query only
+// metrics a running proxy exports (a renamed metric would leave an empty
+// panel or an alert that can never fire), and every alert's runbook_url
+// points at a section of docs/operations.md that exists.
+import t from 'tap'
+import { METRIC_NAME, proxyFamilies, read, seriesNames } from './exported.js'
+import { anchors } from './markdown.js'
+
+const CHART = 'helm/cos-auth-proxy/'
+const RULES = read(`${CHART}templates/prometheusrule.yaml`)
+const DOC = read('docs/operations.md')
+
+interface Panel { readonly title?: string, readonly targets?: readonly { readonly expr?: string }[], readonly panels?: readonly Panel[] }
+interface Dashboard { readonly panels: readonly Panel[], readonly templating: { readonly list: readonly { readonly name: string, readonly query?: unknown }[] } }
+
+/** Every PromQL expression of the dashboard: panel targets and variable queries. */
+function dashboardQueries (d: Dashboard): { readonly where: string, readonly expr: string }[] {
+  const out: { where: string, expr: string }[] = []
+  const walk = (panels: readonly Panel[]): void => {
+    for (const p of panels) {
+      for (const target of p.targets ?? []) if (target.expr !== undefined) out.push({ where: `panel "${p.title ?? ''}"`, expr: target.expr })
+      walk(p.panels ?? [])
+    }
+  }
+  walk(d.panels)
+  for (const v of d.templating.list) {
+    const q = v.query as { query?: unknown } | string | undefined
+    const expr = typeof q === 'string' ? q : q?.query
+    if (typeof expr === 'string' && v.name !== 'datasource') out.push({ where: `variable ${v.name}`, expr })
+  }
+  return out
+}
+
+/** The rules' PromQL with Helm's actions taken out (they only add thresholds and the selector). */
+function ruleExpressions (template: string): string[] {
+  const plain = template.replace(/\{\{-?[\s\S]*?-?\}\}/g, '')
+  return [...plain.matchAll(/expr: (?:\|-\n((?: {12}.*\n)+)|(.*))/g)].map(m => m[1] ?? m[2] ?? '')
+}
+
+const unknownNames = (expr: string, exported: Set<string>): string[] => [...expr.matchAll(METRIC_NAME)].map(m => m[0]).filter(n => !exported.has(n))
+
+t.test('every metric the Grafana dashboard queries is one a running proxy exports', async t => {
+  const exported = seriesNames(await proxyFamilies(t))
+  const queries = dashboardQueries(JSON.parse(read(`${CHART}dashboards/cos-auth-proxy.json`)) as Dashboard)
+  t.ok(queries.length >= 20, `${queries.length} queries`)
+  const used = new Set<string>()
+  for (const { where, expr } of queries) {
+    for (const m of expr.matchAll(METRIC_NAME)) used.add(m[0])
+    t.same(unknownNames(expr, exported), [], where)
+  }
+  for (const name of ['cos_auth_proxy_requests_total', 'cos_auth_proxy_request_duration_seconds_bucket', 'cos_auth_proxy_upstream_duration_seconds_bucket',
+    'cos_auth_proxy_tokens_minted_total', 'cos_auth_proxy_credential_last_reload_timestamp_seconds', 'cos_auth_proxy_credential_reloads_total',
+    'nodejs_active_resources', 'cos_auth_proxy_in_flight_requests', 'process_resident_memory_bytes']) {
+    t.ok(used.has(name), `the dashboard shows ${name}`)
+  }
+})
+
+t.test('every metric the alert rules query is one a running proxy exports', async t => {
+  const exported = seriesNames(await proxyFamilies(t))
+  const exprs = ruleExpressions(RULES)
+  t.equal(exprs.length, 6, 'six alerts')
+  for (const expr of exprs) {
+    t.ok([...expr.matchAll(METRIC_NAME)].length > 0, `names a metric: ${expr.split('\n')[0] ?? ''}`)
+    t.same(unknownNames(expr, exported), [], expr)
+  }
+})
+
+t.test('each alert\'s runbook_url points at its own section of docs/operations.md', async t => {
+  const headings = anchors(DOC)
+  const alerts = [...RULES.matchAll(/- alert: (\w+)[\s\S]*?runbook_url: \{\{ \$runbook \}\}#([\w-]+)/g)].map(m => ({ alert: m[1] ?? '', anchor: m[2] ?? '' }))
+  t.same(alerts.map(a => a.alert), ['CosAuthProxyNotReady', 'CosAuthProxyUpstreamErrors', 'CosAuthProxyCredentialReloadFailing',
+    'CosAuthProxyTokenMintingFailing', 'CosAuthProxyUpstreamLatencyHigh', 'CosAuthProxyClockSkew'])
+  for (const { alert, anchor } of alerts) {
+    t.equal(anchor, alert.toLowerCase(), `${alert}: the anchor of its heading`)
+    t.ok(headings.has(anchor), `docs/operations.md has a "${alert}" section (#${anchor})`)
+  }
+})
+
+t.test('the links inside docs/operations.md land on its headings', async t => {
+  const headings = anchors(DOC)
+  const links = [...DOC.matchAll(/\]\(#([^)]+)\)/g)].map(m => m[1] ?? '')
+  t.ok(links.length > 5)
+  t.same(links.filter(a => !headings.has(a)), [])
+})
