@@ -3,7 +3,7 @@
 // panel or an alert that can never fire), and every alert's runbook_url
 // points at a section of docs/operations.md that exists.
 import t from 'tap'
-import { METRIC_NAME, proxyFamilies, read, seriesNames } from './exported.js'
+import { METRIC_NAME, proxyFamilies, proxyLabels, read, seriesNames, type LabelSets } from './exported.js'
 import { anchors } from './markdown.js'
 
 const CHART = 'helm/cos-auth-proxy/'
@@ -37,16 +37,48 @@ function ruleExpressions (template: string): string[] {
   return [...plain.matchAll(/expr: (?:\|-\n((?: {12}.*\n)+)|(.*))/g)].map(m => m[1] ?? m[2] ?? '')
 }
 
+// What a scrape adds (kube-prometheus-stack's ServiceMonitor/PodMonitor relabelling, or a static config).
+const TARGET_LABELS = ['namespace', 'pod', 'instance', 'job', 'container', 'service', 'endpoint']
+
+/** The family a series name belongs to (`x_bucket` → `x` when `x` is a histogram). */
+function familyOf (name: string, labels: LabelSets): string {
+  const base = name.replace(/_(?:bucket|sum|count)$/, '')
+  return labels.has(name) ? name : base
+}
+
+/**
+ * Label names the expression uses that no metric in it has: in a selector's
+ * matchers (checked against that metric), and in by/without clauses (against
+ * the metrics of the expression).
+ */
+function unknownLabels (expr: string, labels: LabelSets): string[] {
+  const known = (name: string): Set<string> => new Set([...(labels.get(familyOf(name, labels)) ?? []), ...TARGET_LABELS, ...(name.endsWith('_bucket') ? ['le'] : [])])
+  const bad: string[] = []
+  const everyLabel = new Set<string>()
+  for (const m of expr.matchAll(new RegExp(`(${METRIC_NAME.source})(?:\\{([^}]*)\\})?`, 'g'))) {
+    const name = m[1] ?? ''
+    const own = known(name)
+    for (const l of own) everyLabel.add(l)
+    for (const [, label] of (m[2] ?? '').matchAll(/([a-zA-Z_]\w*)\s*(?:=~|!~|!=|=)/g)) if (!own.has(label ?? '')) bad.push(`${name}{${label ?? ''}}`)
+  }
+  for (const m of expr.matchAll(/\b(?:by|without)\s*\(([^)]*)\)/g)) {
+    for (const label of (m[1] ?? '').split(',').map(l => l.trim()).filter(l => l !== '')) if (!everyLabel.has(label)) bad.push(`by/without ${label}`)
+  }
+  return bad
+}
+
 const unknownNames = (expr: string, exported: Set<string>): string[] => [...expr.matchAll(METRIC_NAME)].map(m => m[0]).filter(n => !exported.has(n))
 
-t.test('every metric the Grafana dashboard queries is one a running proxy exports', async t => {
+t.test('every metric and label the Grafana dashboard queries is one a running proxy exports', async t => {
   const exported = seriesNames(await proxyFamilies(t))
+  const labels = await proxyLabels()
   const queries = dashboardQueries(JSON.parse(read(`${CHART}dashboards/cos-auth-proxy.json`)) as Dashboard)
   t.ok(queries.length >= 20, `${queries.length} queries`)
   const used = new Set<string>()
   for (const { where, expr } of queries) {
     for (const m of expr.matchAll(METRIC_NAME)) used.add(m[0])
     t.same(unknownNames(expr, exported), [], where)
+    t.same(unknownLabels(expr, labels), [], `${where}: labels`)
   }
   for (const name of ['cos_auth_proxy_requests_total', 'cos_auth_proxy_request_duration_seconds_bucket', 'cos_auth_proxy_upstream_duration_seconds_bucket',
     'cos_auth_proxy_tokens_minted_total', 'cos_auth_proxy_credential_last_reload_timestamp_seconds', 'cos_auth_proxy_credential_reloads_total',
@@ -55,13 +87,15 @@ t.test('every metric the Grafana dashboard queries is one a running proxy export
   }
 })
 
-t.test('every metric the alert rules query is one a running proxy exports', async t => {
+t.test('every metric and label the alert rules query is one a running proxy exports', async t => {
   const exported = seriesNames(await proxyFamilies(t))
+  const labels = await proxyLabels()
   const exprs = ruleExpressions(RULES)
   t.equal(exprs.length, 6, 'six alerts')
   for (const expr of exprs) {
     t.ok([...expr.matchAll(METRIC_NAME)].length > 0, `names a metric: ${expr.split('\n')[0] ?? ''}`)
     t.same(unknownNames(expr, exported), [], expr)
+    t.same(unknownLabels(expr, labels), [], `${expr}: labels`)
   }
 })
 

@@ -6,6 +6,7 @@
 import { readFileSync } from 'node:fs'
 import type { Test } from 'tap'
 import { InjectMetrics } from '../../src/inject/metrics.js'
+import { ProxyMetrics } from '../../src/metrics.js'
 import { CREDS, start } from '../cli-process.js'
 import { send, startUpstream } from '../helpers.js'
 
@@ -55,3 +56,32 @@ export const read = (path: string): string => readFileSync(new URL(path, REPO), 
 
 /** Names that look like the metrics this project exports or queries. */
 export const METRIC_NAME = /\b(?:cos_auth_proxy_|process_|nodejs_)[a-z0-9_]*[a-z0-9]\b/g
+
+/** Family name → the label names its series carry (`le` left out). */
+export type LabelSets = ReadonlyMap<string, ReadonlySet<string>>
+
+async function labelSets (registry: { getMetricsAsJSON: () => Promise<{ name: string, values: { labels: object }[] }[]> }): Promise<LabelSets> {
+  const out = new Map<string, Set<string>>()
+  for (const metric of await registry.getMetricsAsJSON()) {
+    out.set(metric.name, new Set(metric.values.flatMap(v => Object.keys(v.labels)).filter(l => l !== 'le')))
+  }
+  return out
+}
+
+/**
+ * The labels of every metric of the proxy, from a registry built as
+ * serve() builds it and moved by each of its methods once, so that every
+ * labelled series exists; process metrics as a fresh process has them.
+ */
+export async function proxyLabels (): Promise<LabelSets> {
+  const m = new ProxyMetrics({ logLinesDropped: () => 0 })
+  m.requestStarted()
+  m.requestFinished('management', 'GET', 200, 0.01, 0.005, true)
+  m.upstreamError('management', 'reset')
+  m.retried('management', 'connect')
+  m.responseFailed('management')
+  m.tokenMinted()
+  m.credentialReload('rejected', 'too_large')
+  m.upstreamClockSkew(1)
+  return labelSets(m.registry)
+}

@@ -46,3 +46,14 @@ export function anchors (markdown: string): Set<string> {
   }
   return out
 }
+
+export interface MetricRow { readonly name: string, readonly type: string, readonly labels: readonly string[] }
+
+/** Rows "| `name` | type | `a`, `b` or – | meaning |" of the metric tables in `text`. */
+export function metricRows (text: string): MetricRow[] {
+  return [...text.matchAll(/^\| `([a-z_:][a-z0-9_:]*)` \| (\w+) \| ([^|]*) \|/gm)].map(m => ({
+    name: m[1] ?? '',
+    type: m[2] ?? '',
+    labels: [...(m[3] ?? '').matchAll(/`(\w+)`/g)].map(l => l[1] ?? ''),
+  }))
+}
