@@ -116,3 +116,31 @@ t.test('the links inside docs/operations.md land on its headings', async t => {
   t.ok(links.length > 5)
   t.same(links.filter(a => !headings.has(a)), [])
 })
+
+t.test('the dashboard is one Grafana lays out: unique panel ids, panels within 24 columns, every query on the data source variable', async t => {
+  interface Laid { readonly id: number, readonly type: string, readonly gridPos: { readonly x: number, readonly y: number, readonly w: number, readonly h: number }, readonly datasource?: { readonly uid: string }, readonly targets?: readonly { readonly datasource?: { readonly uid: string } }[] }
+  const d = JSON.parse(read(`${CHART}dashboards/cos-auth-proxy.json`)) as { uid: string, panels: Laid[], templating: { list: { name: string, type: string }[] } }
+  t.equal(d.uid, 'cos-auth-proxy')
+  t.ok(d.templating.list.some(v => v.name === 'datasource' && v.type === 'datasource'), 'a data source variable')
+  const ids = d.panels.map(p => p.id)
+  t.equal(new Set(ids).size, ids.length, 'unique ids')
+  for (const p of d.panels) {
+    t.ok(p.gridPos.x >= 0 && p.gridPos.w > 0 && p.gridPos.x + p.gridPos.w <= 24, `panel ${p.id}: within 24 columns`)
+    if (p.type === 'row') continue
+    t.equal(p.datasource?.uid, '${datasource}', `panel ${p.id}: on the variable`)
+    for (const target of p.targets ?? []) t.equal(target.datasource?.uid, '${datasource}')
+  }
+  // No two panels on the same cells.
+  const cells = new Set<string>()
+  let overlaps = 0
+  for (const p of d.panels) {
+    for (let x = p.gridPos.x; x < p.gridPos.x + p.gridPos.w; x++) {
+      for (let y = p.gridPos.y; y < p.gridPos.y + p.gridPos.h; y++) {
+        const cell = `${x},${y}`
+        if (cells.has(cell)) overlaps++
+        cells.add(cell)
+      }
+    }
+  }
+  t.equal(overlaps, 0, 'no overlapping panels')
+})
