@@ -135,6 +135,20 @@ helm_check() {
   done
   echo "-- the injector's env as rendered starts \`cos-auth-proxy inject\` (names and values the webhook accepts)"
   if ensure_dist; then node scripts/check-injector-env.mjs "$out"/injector*-values.yaml || rc=1; else rc=1; fi
+  # (after ensure_dist: the check reads YAML with the project's own yaml package)
+  echo "-- the dashboard ConfigMap holds helm/cos-auth-proxy/dashboards/cos-auth-proxy.json as it is"
+  "$helm" template cos-ci helm/cos-auth-proxy --kube-version 1.29 -f helm/cos-auth-proxy/ci/alerts-values.yaml \
+    --show-only templates/grafana-dashboard.yaml > "$out/dashboard.yaml" || rc=1
+  # shellcheck disable=SC2016 # JavaScript, not shell
+  node --input-type=module -e '
+    import { readFileSync } from "node:fs"
+    import YAML from "yaml"
+    const map = YAML.parse(readFileSync(process.argv[1], "utf8"))
+    const file = readFileSync(process.argv[2], "utf8")
+    const shipped = map?.data?.["cos-auth-proxy.json"]
+    if (shipped === undefined || JSON.stringify(JSON.parse(shipped)) !== JSON.stringify(JSON.parse(file))) { console.log("   FAIL: the ConfigMap differs from the file"); process.exit(1) }
+    console.log(`   ok: ${JSON.parse(shipped).panels.length} panels, labels ${JSON.stringify(map.metadata.labels.grafana_dashboard)}`)' \
+    "$out/dashboard.yaml" helm/cos-auth-proxy/dashboards/cos-auth-proxy.json || rc=1
   echo "-- $PARENT (the sidecar templates inside a parent chart's Deployment)"
   "$helm" dependency build "$PARENT" >/dev/null || rc=1
   "$TOOLS/helm-check.sh" --kube-version 1.29 "$PARENT" || rc=1
