@@ -10,7 +10,9 @@
 #                       examples/sidecar-parent-chart (the sidecar templates in a Deployment,
 #                       native and plain) and its rendered/ files must be current; bad values
 #                       must be refused; proxy.allowFrom must keep loopback in COS_ALLOW_FROM;
-#                       the injector's env as rendered must start `cos-auth-proxy inject`
+#                       the injector's env as rendered must start `cos-auth-proxy inject`;
+#                       the dashboard ConfigMap must hold the JSON file; examples/podmonitor.yaml
+#                       must be a valid PodMonitor
 #   3. alert-rules      the chart's PrometheusRule as rendered from ci/alerts-values.yaml:
 #                       promtool check rules, then promtool test rules with
 #                       test/ops/alerts.promtool.yaml (Debian's prometheus package,
@@ -149,6 +151,8 @@ helm_check() {
     if (shipped === undefined || JSON.stringify(JSON.parse(shipped)) !== JSON.stringify(JSON.parse(file))) { console.log("   FAIL: the ConfigMap differs from the file"); process.exit(1) }
     console.log(`   ok: ${JSON.parse(shipped).panels.length} panels, labels ${JSON.stringify(map.metadata.labels.grafana_dashboard)}`)' \
     "$out/dashboard.yaml" helm/cos-auth-proxy/dashboards/cos-auth-proxy.json || rc=1
+  echo "-- examples/podmonitor.yaml (scrapes the sidecars; docs/operations.md)"
+  "$TOOLS/validate-manifests.sh" --kube-version 1.29 examples/podmonitor.yaml || rc=1
   echo "-- $PARENT (the sidecar templates inside a parent chart's Deployment)"
   "$helm" dependency build "$PARENT" >/dev/null || rc=1
   "$TOOLS/helm-check.sh" --kube-version 1.29 "$PARENT" || rc=1
