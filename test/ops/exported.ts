@@ -43,6 +43,7 @@ export async function proxyFamilies (t: Test): Promise<Families> {
   t.equal(through.status, 200, 'a request went through the proxy')
   const scraped = await send(`http://127.0.0.1:${listening.admin.port}/metrics`)
   t.equal(scraped.status, 200, '/metrics answered')
+  t.match(scraped.body.toString(), /^cos_auth_proxy_ready 1$/m, 'the ready gauge of a serving proxy is 1 (serve() wires it to /readyz)')
   return familiesOf(scraped.body.toString())
 }
 
