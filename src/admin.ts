@@ -30,8 +30,8 @@ export interface AdminLimits {
 export const ADMIN_LIMITS: AdminLimits = { maxConnections: 64, headersTimeoutMs: 5_000, requestTimeoutMs: 10_000, idleTimeoutMs: 5_000 }
 
 export interface AdminOptions {
-  /** What /metrics serves: the proxy's, or the injection webhook's. */
-  readonly metrics: Pick<ProxyMetrics, 'text' | 'contentType'>
+  /** What /metrics serves: the proxy's, or the injection webhook's (which has no `ready` gauge). */
+  readonly metrics: Pick<ProxyMetrics, 'text' | 'contentType'> & Partial<Pick<ProxyMetrics, 'observeReadiness'>>
   /** Asked on every GET /readyz. */
   readonly readiness: () => Readiness
   /** Called once, on the first POST /quitquitquit; later posts answer 202 without calling it again. */
@@ -75,6 +75,7 @@ class AdminLog extends LogController {
 /** Routes registered, not listening: the caller listens (and closes it last, so /healthz answers through the drain). */
 export function buildAdminServer (opts: AdminOptions): FastifyInstance {
   const { metrics } = opts
+  metrics.observeReadiness?.(() => opts.readiness().ready)
   const limits = { ...ADMIN_LIMITS, ...opts.limits }
   const app = Fastify({
     // No loggerInstance: Fastify's logger stays off.

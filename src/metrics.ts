@@ -76,6 +76,8 @@ interface Scalars {
   lastGoodReload: number
   /** Upstream clock minus local clock, seconds; NaN = not measured yet. */
   upstreamClockSkew: number
+  /** What /readyz would answer now; unset (not ready) until the admin listener is built. */
+  ready: (() => boolean) | undefined
   readonly reloads: Record<ReloadResult, number>
   readonly refusals: Record<CredentialRefusal, number>
 }
@@ -104,6 +106,7 @@ export class ProxyMetrics {
     tokensMinted: 0,
     lastGoodReload: 0,
     upstreamClockSkew: NaN,
+    ready: undefined,
     reloads: { applied: 0, unchanged: 0, rejected: 0 },
     refusals: { not_a_regular_file: 0, too_large: 0, read_timeout: 0 },
   }
@@ -178,6 +181,15 @@ export class ProxyMetrics {
   /** One measurement of the upstream's clock (at most one a second; see upstream-clock.ts). */
   upstreamClockSkew (seconds: number): void {
     this.n.upstreamClockSkew = seconds
+  }
+
+  /**
+   * Where the `ready` gauge reads from: the same function /readyz asks, so an
+   * alert sees what the kubelet sees (a sidecar's readiness is otherwise
+   * hidden in its pod's, and `up` stays 1 for a proxy that cannot sign).
+   */
+  observeReadiness (isReady: () => boolean): void {
+    this.n.ready = isReady
   }
 
   text (): Promise<string> {
@@ -286,6 +298,12 @@ function registerExporters (registry: Registry, cells: readonly RouteCells[], n:
   registerSampledGauge(registry, `${PREFIX}upstream_clock_skew_seconds`,
     'Upstream clock minus local clock, from the Date header of the upstream\'s answers (positive: this node\'s clock is behind); ±1 s is the resolution. Absent until measured.',
     () => n.upstreamClockSkew)
+  new Gauge({
+    name: `${PREFIX}ready`,
+    help: 'Whether GET /readyz answers 200 now: 1 ready; 0 while the key pair is not loaded, before the proxy listens, or while draining.',
+    registers,
+    collect () { this.set(n.ready?.() === true ? 1 : 0) },
+  })
   new Gauge({
     name: `${PREFIX}in_flight_requests`,
     help: 'Requests received and not yet answered.',

@@ -60,6 +60,16 @@ t.test('/readyz follows the readiness function: 503 with the reason, 200 when re
   t.same(await ready(), [503, { status: 'not_ready', reason: 'draining' }])
 })
 
+t.test('the ready gauge on /metrics follows what /readyz answers, so an alert sees a sidecar that cannot sign', async t => {
+  const admin = await startAdmin(t)
+  const gauge = async (): Promise<string | undefined> => /^cos_auth_proxy_ready (\S+)$/m.exec((await call(`${admin.url}/metrics`)).text)?.[1]
+  t.equal(await gauge(), '0', 'credentials not loaded')
+  admin.readiness = { ready: true }
+  t.equal(await gauge(), '1')
+  admin.readiness = { ready: false, reason: 'draining' }
+  t.equal(await gauge(), '0', 'draining')
+})
+
 t.test('HEAD probes answer like GET, without a body', async t => {
   const admin = await startAdmin(t)
   admin.readiness = { ready: true }

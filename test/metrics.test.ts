@@ -80,8 +80,10 @@ t.test('a fresh registry declares every metric with its type; fixed sets start a
     [`${P}credential_reads_refused_total`]: 'counter',
     [`${P}credential_last_reload_timestamp_seconds`]: 'gauge',
     [`${P}upstream_clock_skew_seconds`]: 'gauge',
+    [`${P}ready`]: 'gauge',
     [`${P}in_flight_requests`]: 'gauge',
   })
+  t.equal(value(e, `${P}ready`), 0, 'not ready until told how to tell')
   for (const result of ['applied', 'unchanged', 'rejected']) t.equal(value(e, `${P}credential_reloads_total`, { result }), 0, result)
   t.equal(value(e, `${P}tokens_minted_total`), 0)
   t.equal(value(e, `${P}credential_last_reload_timestamp_seconds`), 0)
