@@ -7,7 +7,7 @@ import { CredentialStore, readPair } from '../src/credentials.js'
 import { createLogger } from '../src/logger.js'
 import { ProxyMetrics, classifyUpstreamError } from '../src/metrics.js'
 import { RequestLog } from '../src/request-log.js'
-import { buildProxyServer, upstreamsFor } from '../src/server.js'
+import { buildProxyServer, upstreamsFor } from '../src/proxy-server.js'
 import type { SwappableDispatcher } from '../src/upstream.js'
 import { LogCapture, send, stallingUpstream, streamForever, testConfig } from './helpers.js'
 

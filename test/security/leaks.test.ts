@@ -13,7 +13,7 @@ import { createLogger } from '../../src/logger.js'
 import { ProxyMetrics, classifyUpstreamError } from '../../src/metrics.js'
 import { RequestLog } from '../../src/request-log.js'
 import { Secret } from '../../src/secret.js'
-import { buildProxyServer } from '../../src/server.js'
+import { buildProxyServer } from '../../src/proxy-server.js'
 import { ACCESS_KEY, LogCapture, SECRET, listenOnLoopback, secretForms, testConfig, tokenForms } from '../helpers.js'
 import { get, headerNames, rawRequest, startCountingUpstream, type RawResult } from './raw.js'
 
