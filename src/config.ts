@@ -22,6 +22,9 @@ export class ConfigError extends Error {
 
 export const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const
 export type LogLevel = typeof LOG_LEVELS[number]
+/** json: one JSON object a line, for collectors; pretty: one readable line an event, for a terminal. */
+export const LOG_FORMATS = ['json', 'pretty'] as const
+export type LogFormat = typeof LOG_FORMATS[number]
 
 export type RouteName = 'management' | 'optimize' | 'api'
 
@@ -54,6 +57,7 @@ export interface Config {
   /** Sockets per upstream origin (undici Pool `connections`); requests beyond them queue. */
   readonly upstreamMaxConnections: number
   readonly logLevel: LogLevel
+  readonly logFormat: LogFormat
   /** Where `mock-api` listens. */
   readonly mockHost: string
   /** Fallback re-read period of the credential files (they are also watched). */
@@ -135,6 +139,7 @@ export const VARIABLES = {
   // most about N / t requests a second.
   COS_UPSTREAM_MAX_CONNECTIONS: { type: 'integer', default: 256, minimum: 1, maximum: 65_536, expect: 'must be a whole number of connections 1-65536' },
   COS_LOG_LEVEL: { type: 'string', default: 'info', enum: LOG_LEVELS, expect: `must be one of ${LOG_LEVELS.join(', ')}` },
+  COS_LOG_FORMAT: { type: 'string', default: 'json', enum: LOG_FORMATS, expect: `must be one of ${LOG_FORMATS.join(', ')}` },
   COS_MOCK_HOST: { type: 'string', default: '127.0.0.1', expect: 'must be an IP address or host name' },
   COS_CREDENTIALS_RELOAD_MS: { ...TIMEOUT, default: 1_000 },
   COS_ADMIN_HOST: { type: 'string', default: '127.0.0.1', expect: 'must be an IP address or host name' },
@@ -280,6 +285,7 @@ function build (raw: Raw, needs: NonNullable<LoadOptions['needs']>): Config {
     connectTimeoutMs: raw.COS_CONNECT_TIMEOUT_MS,
     upstreamMaxConnections: raw.COS_UPSTREAM_MAX_CONNECTIONS,
     logLevel: raw.COS_LOG_LEVEL as LogLevel,
+    logFormat: raw.COS_LOG_FORMAT as LogFormat,
     mockHost: hostname('COS_MOCK_HOST', raw.COS_MOCK_HOST ?? '127.0.0.1'),
     credentialsReloadMs: raw.COS_CREDENTIALS_RELOAD_MS,
     admin,
