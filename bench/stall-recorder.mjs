@@ -17,10 +17,15 @@ new PerformanceObserver(list => {
   for (const e of list.getEntries()) gcs.push({ at: origin + e.startTime, ms: e.duration, kind: e.detail?.kind })
 }).observe({ entryTypes: ['gc'] })
 let due = performance.now() + PERIOD_MS
+let cpu = process.cpuUsage()
 const tick = () => {
   const now = performance.now()
   const late = now - due
-  if (late > STALL_MS) stalls.push({ at: origin + due, ms: late })
+  const used = process.cpuUsage(cpu)
+  cpu = process.cpuUsage()
+  // cpuMs: the CPU this process used since the last tick (all threads). Near
+  // the stall's length: it was working; far below: it was not running.
+  if (late > STALL_MS) stalls.push({ at: origin + due, ms: late, cpuMs: (used.user + used.system) / 1000 })
   due = now + PERIOD_MS
   setTimeout(tick, PERIOD_MS).unref()
 }

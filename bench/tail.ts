@@ -22,7 +22,7 @@ import {
   startFloor, startProxy, startUpstream, stopAll, stopChild, useNode, type Server,
 } from './harness.js'
 
-interface Event { readonly at: number, readonly ms: number, readonly kind?: number }
+interface Event { readonly at: number, readonly ms: number, readonly kind?: number, readonly cpuMs?: number }
 interface Recorded { readonly gcs: Event[], readonly stalls: Event[] }
 interface Sample { readonly start: number, readonly ms: number }
 
@@ -94,7 +94,7 @@ function pct (xs: readonly number[], p: number): number {
   return s[Math.min(s.length - 1, Math.floor(s.length * p))] ?? Number.NaN
 }
 
-interface Row { target: string, round: number, p50: number, p99: number, max: number, slow: number, serverGc: number, serverStall: number, loadgen: number, none: number, gcPerS: number, gcP50: number, gcMax: number, stalls: number, stallMax: number }
+interface Row { target: string, round: number, p50: number, p99: number, max: number, slow: number, serverGc: number, serverStall: number, loadgen: number, none: number, gcPerS: number, gcP50: number, gcMax: number, stalls: number, stallMax: number, running: number }
 
 async function main (): Promise<void> {
   installCleanup()
@@ -139,15 +139,17 @@ async function main (): Promise<void> {
           target, round, p50: pct(ms, 0.5), p99: pct(ms, 0.99), max: Math.max(...ms), slow: slow.length, serverGc, serverStall, loadgen, none,
           gcPerS: gcs.length / ((to - from) / 1000), gcP50: median(pauses), gcMax: Math.max(0, ...pauses),
           stalls: stalls.length, stallMax: Math.max(0, ...stalls.map(s => s.ms)),
+          // A stall in which the process used CPU for at least half its length was its own work (a long callback, a collection).
+          running: stalls.filter(s => (s.cpuMs ?? 0) >= 0.5 * (s.ms + 2)).length,
         })
         const r = rows[rows.length - 1] as Row
-        process.stderr.write(`${target} round ${round}: p50 ${fixed(r.p50, 2)} p99 ${fixed(r.p99, 2)} max ${fixed(r.max, 1)} ms; ${r.slow} > ${slowMs} ms (server GC ${serverGc}, server stall ${serverStall}, loadgen ${loadgen}, neither ${none}); GC ${fixed(r.gcPerS, 1)}/s p50 ${fixed(r.gcP50, 2)} max ${fixed(r.gcMax, 2)} ms; stalls >2 ms ${stalls.length}, max ${fixed(r.stallMax, 1)} ms; top stalls ${stalls.sort((a, b) => b.ms - a.ms).slice(0, 5).map(s => fixed(s.ms, 1)).join(' ')}\n`)
+        process.stderr.write(`${target} round ${round}: p50 ${fixed(r.p50, 2)} p99 ${fixed(r.p99, 2)} max ${fixed(r.max, 1)} ms; ${r.slow} > ${slowMs} ms (server GC ${serverGc}, server stall ${serverStall}, loadgen ${loadgen}, neither ${none}); GC ${fixed(r.gcPerS, 1)}/s p50 ${fixed(r.gcP50, 2)} max ${fixed(r.gcMax, 2)} ms; stalls >2 ms ${stalls.length}, max ${fixed(r.stallMax, 1)} ms (working ${r.running}); top stalls (ms/CPU ms) ${stalls.sort((a, b) => b.ms - a.ms).slice(0, 5).map(s => `${fixed(s.ms, 1)}/${fixed(s.cpuMs ?? 0, 1)}`).join(' ')}\n`)
       }
     }
     process.stdout.write(`# Slow requests at ${rate} req/s paced, 10 clients, ${seconds} s per run (slow = over ${slowMs} ms)\n` +
       `Node flags: ${nodeArgs.slice(2).join(' ') || 'none'}\n\n` +
-      table(['target', 'round', 'p50', 'p99', 'max', 'slow', 'in server GC', 'in server stall', 'in loadgen GC/stall', 'neither', 'GC/s', 'GC p50 ms', 'GC max ms', 'stalls > 2 ms', 'stall max ms'],
-        rows.map(r => [r.target, r.round, fixed(r.p50, 2), fixed(r.p99, 2), fixed(r.max, 1), r.slow, r.serverGc, r.serverStall, r.loadgen, r.none, fixed(r.gcPerS, 1), fixed(r.gcP50, 2), fixed(r.gcMax, 2), r.stalls, fixed(r.stallMax, 1)])) + '\n')
+      table(['target', 'round', 'p50', 'p99', 'max', 'slow', 'in server GC', 'in server stall', 'in loadgen GC/stall', 'neither', 'GC/s', 'GC p50 ms', 'GC max ms', 'stalls > 2 ms', 'of them working', 'stall max ms'],
+        rows.map(r => [r.target, r.round, fixed(r.p50, 2), fixed(r.p99, 2), fixed(r.max, 1), r.slow, r.serverGc, r.serverStall, r.loadgen, r.none, fixed(r.gcPerS, 1), fixed(r.gcP50, 2), fixed(r.gcMax, 2), r.stalls, r.running, fixed(r.stallMax, 1)])) + '\n')
   } finally {
     await stopAll()
     scratch.remove()
