@@ -66,9 +66,11 @@ export class BatchedStdout {
     if (this.#stalled === undefined) {
       if (this.#lines.length === 0) return
       const text = this.#lines.length === 1 ? this.#lines[0] as string : this.#lines.join('')
-      this.#lines = []
+      this.#lines.length = 0
       this.#pending = 0
-      this.#stalled = Buffer.from(text, 'utf8')
+      const taken = this.#writeText(text)
+      if (taken === undefined) return
+      this.#stalled = Buffer.from(text, 'utf8').subarray(taken)
     }
     // Lines that arrived while a stalled batch was retried follow it.
     if (this.#writeStalled() && this.#lines.length > 0) this.flushSync()
@@ -78,6 +80,25 @@ export class BatchedStdout {
   flush (cb?: (err?: Error) => void): void {
     this.flushSync()
     cb?.()
+  }
+
+  /**
+   * One writeSync of the string itself: Node encodes it into memory of its
+   * own and frees it at once, where a Buffer per batch would be external
+   * memory for V8 to account and collect. Undefined when the fd took it all
+   * (or it was given up); otherwise the bytes it took, the rest to be retried.
+   */
+  #writeText (text: string): number | undefined {
+    let taken = 0
+    try {
+      taken = writeSync(this.#fd, text)
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== 'EAGAIN') {
+        this.#dropped += countLines(Buffer.from(text, 'utf8'))
+        return undefined
+      }
+    }
+    return taken === Buffer.byteLength(text, 'utf8') ? undefined : taken
   }
 
   /** True when the fd took it all (or it was given up); false when it is to be retried. */

@@ -107,7 +107,9 @@ function routeOptions (route: Route, upstreams: Upstreams, limitBody: PreHandler
     // For a bare prefix with a query (`/management?q=1`) and no upstream base
     // path, http-proxy computes an empty destination, and reply-from reads
     // an empty one as "the original URL": the prefix would not be stripped.
-    handler: (_request, reply, dest, options) => reply.from(dest === '' ? '/' : dest, options),
+    // Nothing is returned: the reply is a thenable, and Fastify would hang
+    // a promise and end-of-stream listeners on every response to await it.
+    handler: (_request, reply, dest, options) => { reply.from(dest === '' ? '/' : dest, options) },
     replyOptions,
   }
 }
