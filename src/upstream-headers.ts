@@ -6,7 +6,7 @@ import { performance } from 'node:perf_hooks'
 import type { FastifyReplyFromHooks } from '@fastify/reply-from'
 import type { CredentialStore } from './credentials.js'
 import type { UpstreamClock } from './upstream-clock.js'
-import { abortWhenClientGone } from './upstream.js'
+import { abortWhenClientGone } from './client-gone.js'
 
 // Hop-by-hop (RFC 9110 §7.6.1; HTTP2-Settings of an h2c upgrade, RFC 7540
 // §3.2.1, even when Connection does not name it) plus the client's own

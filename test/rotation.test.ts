@@ -21,7 +21,8 @@ import { CREDENTIAL_FILE_MAX_BYTES, CredentialStore } from '../src/credentials.j
 import { createLogger } from '../src/logger.js'
 import { buildProxyServer } from '../src/proxy-server.js'
 import { HeaderMinter, parseToken, secretKey, verifyToken } from '../src/token.js'
-import { readTlsMaterial, TLS_FILE_MAX_BYTES, Upstreams } from '../src/upstream.js'
+import { readTlsMaterial, TLS_FILE_MAX_BYTES } from '../src/upstream-pool.js'
+import { Upstreams } from '../src/upstream.js'
 import { LogCapture, json, send, startUpstream, until } from './helpers.js'
 import { makePki } from './tls-fixtures.js'
 
