@@ -5,23 +5,8 @@ import { isIP, isIPv6 } from 'node:net'
 import { ConfigError, PROXY_METHODS, PROXY_URL, VARIABLES, type Raw, type VariableName } from './config-variables.js'
 import type { Egress, EgressProxy } from './egress.js'
 import { foldedPrefix, foldSegment, hostName } from './guard.js'
+import type { Route, RouteName } from './route.js'
 import { Secret } from './secret.js'
-
-export type RouteName = 'management' | 'optimize' | 'api'
-
-export interface Route {
-  readonly name: RouteName
-  /** Path prefix claimed on the proxy ('' for the catch-all api route). */
-  readonly prefix: string
-  /** Upstream origin, e.g. https://h:8443 */
-  readonly origin: string
-  /** Upstream path prepended to the forwarded path, '' or '/api/v1' (never a trailing '/'). */
-  readonly basePath: string
-  /** The URL as configured, for display. */
-  readonly url: string
-  /** Methods this route forwards; undefined = all the proxy supports. */
-  readonly allowedMethods?: readonly string[]
-}
 
 export interface CredentialSource {
   readonly file?: string

@@ -5,12 +5,14 @@ import { readFileSync } from 'node:fs'
 import { parseEnv } from 'node:util'
 import envSchema from 'env-schema'
 import { ConfigError, VARIABLES, jsonSchema, schemaError, type LogFormat, type LogLevel, type Raw } from './config-variables.js'
-import { allowedHost, allowedOrigin, cidrList, credentialSource, egress, hostname, list, methodsNeedTheirRoute, overlaps, requiredHeader, route, tlsFiles, withMethods, type CredentialSource, type Needs, type Route, type TlsFiles } from './config-values.js'
+import { allowedHost, allowedOrigin, cidrList, credentialSource, egress, hostname, list, methodsNeedTheirRoute, overlaps, requiredHeader, route, tlsFiles, withMethods, type CredentialSource, type Needs, type TlsFiles } from './config-values.js'
+import type { Route } from './route.js'
 import type { Egress } from './egress.js'
 import type { TokenEncoding } from './token.js'
 
 export { ConfigError, EXIT_CONFIG, LOG_FORMATS, LOG_LEVELS, PROXY_METHODS, VARIABLES, type LogFormat, type LogLevel, type VariableName } from './config-variables.js'
-export type { CredentialSource, Route, RouteName } from './config-values.js'
+export type { CredentialSource } from './config-values.js'
+export type { Route, RouteName } from './route.js'
 
 export interface Config {
   readonly listen: { readonly host: string, readonly port: number }
