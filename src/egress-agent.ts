@@ -3,7 +3,7 @@
 // and named for the client.
 import { Dispatcher, Pool, ProxyAgent, errors, type buildConnector } from 'undici'
 import type { EgressProxy } from './egress.js'
-import { classifyUpstreamError } from './metrics.js'
+import { classifyUpstreamError } from './upstream-error-kinds.js'
 import { poolOptions, type TlsMaterial, type UpstreamOptions } from './upstream-pool.js'
 
 /**
