@@ -108,7 +108,7 @@ export class EgressAgent extends ProxyAgent {
   }
 
   override dispatch (options: Dispatcher.DispatchOptions, handler: Dispatcher.DispatchHandler): boolean {
-    // A client's Proxy-Authorization is blanked to undefined (proxy.ts), and
+    // A client's Proxy-Authorization is blanked to undefined (upstream-headers.ts), and
     // ProxyAgent refuses any request whose headers so much as name one.
     const headers = options.headers
     if (headers != null && !Array.isArray(headers) && 'proxy-authorization' in headers) {

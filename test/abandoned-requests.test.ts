@@ -99,7 +99,7 @@ const DEPARTURES: readonly Departure[] = [
     ready: received => until('the stream to reach the client', () => received().includes('data:')),
   },
   {
-    // Small bodies of a declared length are collected before the answer goes out (proxy.ts onResponse).
+    // Small bodies of a declared length are collected before the answer goes out (forward-response.ts).
     when: 'while the proxy collects a small response body',
     request: GET,
     answer: socket => {
