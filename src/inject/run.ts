@@ -6,7 +6,7 @@ import type { AddressInfo } from 'node:net'
 import type { Logger } from 'pino'
 import { buildAdminServer, listenWithAdmin, type Readiness } from '../admin.js'
 import { drain } from '../drain.js'
-import { createLogger, stdoutDestination } from '../logger.js'
+import { createLogger, inLogFormat, stdoutDestination } from '../logger.js'
 import { loadInjectConfig, type InjectConfig } from './config.js'
 import { InjectMetrics } from './metrics.js'
 import { buildWebhookServer } from './server.js'
@@ -61,7 +61,7 @@ export async function startWebhook (config: InjectConfig, logger: Logger): Promi
 /** The `inject` command: ConfigError propagates (exit 78 in cli.ts). */
 export async function runInject (): Promise<void> {
   const config = loadInjectConfig()
-  const logger = createLogger(config.logLevel, stdoutDestination())
+  const logger = createLogger(config.logLevel, await inLogFormat(config.logFormat, stdoutDestination()))
   const webhook = await startWebhook(config, logger)
   let signalled = false
   const onSignal = (signal: string): void => {
