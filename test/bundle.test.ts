@@ -1,13 +1,15 @@
 // What ships: dist/cos-auth-proxy.mjs, one file, run as the image runs it
 // (no node_modules beside it), and started by `npm start` exactly as the
 // image starts it.
-import { spawn } from 'node:child_process'
+import { execFile, spawn } from 'node:child_process'
 import { copyFileSync, mkdtempSync, readFileSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join, posix } from 'node:path'
 import { fileURLToPath } from 'node:url'
+import { promisify } from 'node:util'
 import t, { type Test } from 'tap'
 import { imageBuild, imageCommand, scriptIndex } from '../bench/image.js'
+import { describeConfig, loadConfig } from '../src/config.js'
 import { DOT_SEGMENTS, DOTTED_NAMES } from './dotted-paths.js'
 import { ACCESS_KEY, SECRET, startUpstream } from './helpers.js'
 import { errorOf, get, rawRequest } from './security/raw.js'
@@ -42,6 +44,38 @@ t.test('the bundle serves on its own, without node_modules, with reply-from\'s b
     t.equal(errorOf(res.finals[0])?.message, 'dot-segment in path', `${target}: refused by the guard`)
   }
   t.equal(up.received.length, DOTTED_NAMES.length, 'no dot-segment forwarded')
+})
+
+t.test('the bundle\'s config validator, compiled at build time, cannot accept or coerce what env-schema would not: the same configuration and the same refusals as src/config.ts', async t => {
+  const dir = tempDir(t, 'cos-bundle-config-')
+  const base = { COS_API_URL: 'http://127.0.0.1:1', COS_ACCESS_KEY: ACCESS_KEY, COS_ACCESS_KEY_SECRET: SECRET }
+  const cases: Record<string, string>[] = [
+    {},
+    { COS_LISTEN_PORT: '99999' },
+    { COS_LISTEN_PORT: 'eighty' },
+    { COS_LISTEN_PORT: '1.5' },
+    { COS_LISTEN_PORT: ' 81 ' },
+    { COS_ADMIN_PORT: '-1' },
+    { COS_LOG_LEVEL: 'loud' },
+    { COS_LOG_LEVEL: 'WARN' },
+    { COS_TOKEN_ENCODING: 'base64' },
+    { COS_CLOCK_SKEW_CORRECTION: 'yes' },
+    { COS_CLOCK_SKEW_CORRECTION: 'true' },
+    { COS_MAX_BODY_BYTES: '1e3' },
+    { COS_UPSTREAM_MAX_CONNECTIONS: '0', COS_LOG_LEVEL: 'debug' },
+  ]
+  await Promise.all(cases.map(async extra => {
+    const env = { ...base, ...extra }
+    let expected: { code: number, out: string }
+    try {
+      expected = { code: 0, out: describeConfig(loadConfig({ env, dotenv: false })) + '\n' }
+    } catch (err) {
+      expected = { code: 78, out: `cos-auth-proxy: config: ${(err as Error).message}\n` }
+    }
+    const got = await promisify(execFile)(process.execPath, [CLI, 'config'], { cwd: dir, env: { PATH: process.env.PATH, ...env } })
+      .then(r => ({ code: 0, out: r.stdout }), (err: unknown) => ({ code: (err as { code: number }).code, out: (err as { stderr: string }).stderr }))
+    t.same(got, expected, JSON.stringify(extra))
+  }))
 })
 
 t.test('npm start runs what the image runs: the same file, the same Node flags, the same command', async t => {
