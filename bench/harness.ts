@@ -72,13 +72,15 @@ function clockTicks (): number {
   }
 }
 
+const CLOCK_TICKS = clockTicks()
+
 export function machine (): Machine {
   let cpuModel = cpus()[0]?.model ?? 'unknown'
   try {
     const line = readFileSync('/proc/cpuinfo', 'utf8').split('\n').find(l => l.startsWith('model name'))
     if (line !== undefined) cpuModel = line.slice(line.indexOf(':') + 1).trim()
   } catch { /* not Linux: os.cpus() is as good */ }
-  return { cpuModel, cores: availableParallelism(), node: nodeUnderTest().version, platform: `${process.platform} ${process.arch}`, clockTicks: clockTicks() }
+  return { cpuModel, cores: availableParallelism(), node: nodeUnderTest().version, platform: `${process.platform} ${process.arch}`, clockTicks: CLOCK_TICKS }
 }
 
 /**
@@ -343,6 +345,12 @@ export interface Server {
   readonly logFile?: string
   /** Spawn to ready: the proxy's /readyz answering 200, the floor listening. */
   readonly readyMs: number
+  /** CPU the server used from spawn to ready (all its threads): less noisy than readyMs on a busy machine. */
+  readonly readyCpuMs?: number
+}
+
+function cpuMs (pid: number): number {
+  return cpuTicks(pid) * 1000 / CLOCK_TICKS
 }
 
 export interface ProxyStart {
@@ -415,8 +423,9 @@ export async function startProxy (s: ProxyStart): Promise<Server> {
   const url = `http://127.0.0.1:${port}`
   await waitFor200(child, `http://127.0.0.1:${adminPort}/readyz`, 10_000, 2)
   const readyMs = performance.now() - t0
+  const readyCpuMs = cpuMs(child.pid)
   await waitFor200(child, url + '/ready') // the whole path, upstream included
-  return { child, url, logFile: s.logFile, readyMs }
+  return { child, url, logFile: s.logFile, readyMs, readyCpuMs }
 }
 
 export async function startFloor (upstreamUrl: string, core: number | undefined, nodeArgs?: readonly string[], extraEnv?: Readonly<Record<string, string>>): Promise<Server> {
@@ -428,9 +437,10 @@ export async function startFloor (upstreamUrl: string, core: number | undefined,
   })
   const ready = await firstJsonLine(child)
   const readyMs = performance.now() - t0
+  const readyCpuMs = cpuMs(child.pid)
   const url = `http://127.0.0.1:${String(ready.port)}`
   await waitFor200(child, url + '/ready')
-  return { child, url, readyMs }
+  return { child, url, readyMs, readyCpuMs }
 }
 
 // ---------------------------------------------------------------------------

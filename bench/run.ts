@@ -446,6 +446,8 @@ interface IdleRun {
   readonly round: number
   /** Spawn to ready (the proxy: /readyz 200; the floor: listening). */
   readonly readyMs: number
+  /** CPU the server used until then (all threads): robust to a busy machine. */
+  readonly readyCpuMs: number
   /** RssAnon: the per-pod part (the binary's file-backed pages are shared between pods of a node). */
   readonly anonMB: number
   readonly rssMB: number
@@ -459,20 +461,20 @@ async function idleOnce (ctx: Context, target: 'proxy' | 'floor', round: number)
   try {
     await runLoad({ url: s.server.url + PATH, connections: 1, amount: settings.idleRequests })
     await sleep(settings.idleSettleSeconds * 1000)
-    const run = { target, round, readyMs: s.server.readyMs, anonMB: vmMB(s.pid, 'RssAnon'), rssMB: vmMB(s.pid, 'VmRSS'), otherLoad: others() }
-    progress(`  idle round ${round}: ${LABEL[target].padEnd(12)} ready ${fixed(run.readyMs, 0)} ms  RssAnon ${fixed(run.anonMB, 1)} MB  RSS ${fixed(run.rssMB, 1)} MB`)
+    const run = { target, round, readyMs: s.server.readyMs, readyCpuMs: s.server.readyCpuMs ?? Number.NaN, anonMB: vmMB(s.pid, 'RssAnon'), rssMB: vmMB(s.pid, 'VmRSS'), otherLoad: others() }
+    progress(`  idle round ${round}: ${LABEL[target].padEnd(12)} ready ${fixed(run.readyMs, 0)} ms (${fixed(run.readyCpuMs, 0)} CPU ms)  RssAnon ${fixed(run.anonMB, 1)} MB  RSS ${fixed(run.rssMB, 1)} MB`)
     return run
   } finally {
     await s.stop()
   }
 }
 
-interface IdleSummary { readonly target: 'proxy' | 'floor', readonly readyMs: number, readonly anonMB: number, readonly rssMB: number }
+interface IdleSummary { readonly target: 'proxy' | 'floor', readonly readyMs: number, readonly readyCpuMs: number, readonly anonMB: number, readonly rssMB: number }
 
 function summariseIdle (runs: readonly IdleRun[]): IdleSummary[] {
   return (['proxy', 'floor'] as const).map(target => {
     const rs = runs.filter(r => r.target === target)
-    return { target, readyMs: median(rs.map(r => r.readyMs)), anonMB: median(rs.map(r => r.anonMB)), rssMB: median(rs.map(r => r.rssMB)) }
+    return { target, readyMs: median(rs.map(r => r.readyMs)), readyCpuMs: median(rs.map(r => r.readyCpuMs)), anonMB: median(rs.map(r => r.anonMB)), rssMB: median(rs.map(r => r.rssMB)) }
   })
 }
 
@@ -657,7 +659,7 @@ function soakTable (soaks: readonly Soak[]): string {
 }
 
 function idleTable (idle: readonly IdleSummary[]): string {
-  return table(['server', 'start to ready ms', 'RssAnon MB', 'RSS MB'], idle.map(x => [LABEL[x.target], fixed(x.readyMs, 0), x.anonMB, x.rssMB]))
+  return table(['server', 'start to ready ms', 'CPU ms to ready', 'RssAnon MB', 'RSS MB'], idle.map(x => [LABEL[x.target], fixed(x.readyMs, 0), fixed(x.readyCpuMs, 0), x.anonMB, x.rssMB]))
 }
 
 function checkTable (list: readonly Check[]): string {
