@@ -35,6 +35,20 @@ COPY src ./src
 # imports is in it, so the dependencies' test fixtures and tooling never are.
 RUN node scripts/bundle.mjs
 
+# V8's compile cache, filled once here so that every pod starts warm (Node
+# >= 22.1 reads NODE_COMPILE_CACHE; parsing and compiling the 1.5 MB bundle
+# is ~50 ms of each start otherwise). A cache entry belongs to one Node
+# binary, one file path and one user id (the directory is named after
+# them), so it is made by the runtime image's own node, on the path and as
+# the user the image runs; a pod run under another uid just starts cold.
+# `help` parses the whole file; nothing else is run.
+FROM gcr.io/distroless/nodejs24-debian12:nonroot AS compile-cache
+LABEL cos-auth-proxy.stage=build
+COPY --from=build /src/dist/cos-auth-proxy.mjs /app/dist/
+USER 65532:65532
+ENV NODE_COMPILE_CACHE=/tmp/compile-cache
+RUN ["/nodejs/bin/node", "--max-semi-space-size=16", "/app/dist/cos-auth-proxy.mjs", "help"]
+
 FROM gcr.io/distroless/nodejs24-debian12:nonroot
 # The default is package.json's version (test/version.test.ts keeps them equal;
 # a Dockerfile cannot read it from a file); --build-arg VERSION=… overrides it.
@@ -55,11 +69,16 @@ LABEL org.opencontainers.image.title="cos-auth-proxy" \
 # wrapper), so README.md and docs/development.md tell you to export it to match the image.
 ENV NODE_ENV=production \
     MALLOC_ARENA_MAX=2 \
+    NODE_COMPILE_CACHE=/app/compile-cache \
     COS_ADMIN_HOST=0.0.0.0
 WORKDIR /app
 # Owned by root and not writable by the runtime user: the process cannot
 # change its own code. The root filesystem can be mounted read-only.
 COPY --from=build /src/dist/cos-auth-proxy.mjs /src/dist/cos-auth-proxy.mjs.map /src/dist/cos-auth-proxy.licenses.txt ./dist/
+# Readable, not writable, by the runtime user: a hit is only read (the
+# root filesystem can stay read-only), and the process cannot alter the
+# code a later start will run.
+COPY --from=compile-cache --chown=0:0 --chmod=0555 /tmp/compile-cache ./compile-cache/
 USER 65532:65532
 EXPOSE 8080 9090
 # No shell and no curl here: the CLI's own `wait` polls the admin /readyz.

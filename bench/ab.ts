@@ -21,21 +21,26 @@
 //
 // The other commit is checked out in a temporary git worktree and built
 // there with this checkout's node_modules (a change to the dependencies
-// needs `npm run bench` instead).
+// needs `npm run bench` instead): its bundle too when it has
+// scripts/bundle.mjs. Each side runs as its own image runs it (its
+// Dockerfile's file, Node flags, environment and compile cache, see
+// bench/image.ts); a commit from before the bundle runs dist/cli.js, and the
+// output says which ran.
 //
 // --node-args/--env apply to this checkout's proxy, --ref-node-args/--ref-env
 // to the other's: with `--ref HEAD`, that compares Node flags or environment
 // variables (e.g. --max-semi-space-size, MALLOC_ARENA_MAX) on one build.
 import { execFileSync } from 'node:child_process'
-import { mkdtempSync, rmSync, symlinkSync } from 'node:fs'
+import { existsSync, mkdtempSync, rmSync, symlinkSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { parseArgs } from 'node:util'
 import { fixed, table } from './format.js'
 import {
-  ROOT, parseEnv, splitArgs, useNode, choosePinning, cpuTicks, installCleanup, machine, median, pinProcess, runLoad, scratchDir, startFloor, startProxy,
+  ROOT, parseEnv, thisBuild, splitArgs, useNode, choosePinning, cpuTicks, installCleanup, machine, median, pinProcess, runLoad, scratchDir, startFloor, startProxy,
   startUpstream, stopAll, workloadLoad, parseWorkload, type Server,
 } from './harness.js'
+import { imageBuild, type Build } from './image.js'
 
 const { values } = parseArgs({
   options: {
@@ -58,8 +63,8 @@ const rounds = Number(values.rounds)
 const seconds = Number(values.seconds)
 const progress = (s: string): void => { process.stderr.write(s + '\n') }
 
-/** Builds `ref` in a temporary worktree; returns its cli.js and a cleanup. */
-function buildRef (ref: string): { cli: string, commit: string, remove: () => void } {
+/** Builds `ref` in a temporary worktree (tsc, and its bundle when it has one); returns how its image runs it and a cleanup. */
+function buildRef (ref: string): { build: Build, commit: string, remove: () => void } {
   const commit = execFileSync('git', ['rev-parse', '--short', ref], { cwd: ROOT, encoding: 'utf8' }).trim()
   const dir = mkdtempSync(join(tmpdir(), 'cos-ab-'))
   const remove = (): void => {
@@ -70,11 +75,13 @@ function buildRef (ref: string): { cli: string, commit: string, remove: () => vo
     execFileSync('git', ['worktree', 'add', '--detach', dir, commit], { cwd: ROOT, stdio: 'ignore' })
     symlinkSync(join(ROOT, 'node_modules'), join(dir, 'node_modules'))
     execFileSync(process.execPath, [join(ROOT, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', 'tsconfig.build.json'], { cwd: dir, stdio: 'inherit' })
+    const bundler = join(dir, 'scripts', 'bundle.mjs')
+    if (existsSync(bundler)) execFileSync(process.execPath, [bundler], { cwd: dir, stdio: 'inherit' })
   } catch (err) {
     remove()
     throw err
   }
-  return { cli: join(dir, 'dist', 'cli.js'), commit, remove }
+  return { build: imageBuild(dir), commit, remove }
 }
 
 async function main (): Promise<void> {
@@ -90,15 +97,15 @@ async function main (): Promise<void> {
   const scratch = scratchDir()
   try {
     const upstream = await startUpstream(pin.upstream)
-    const proxy = (nodeArgs: string | undefined, env: string[] | undefined, cli?: string): Promise<Server> => startProxy({
-      upstreamUrl: upstream.url, logLevel: values.level, logFile: join(scratch.path, `${String(Math.random()).slice(2)}.log`), cwd: scratch.path, core: pin.sut, ...(cli === undefined ? {} : { cli }),
+    const proxy = (nodeArgs: string | undefined, env: string[] | undefined, build: Build): Promise<Server> => startProxy({
+      upstreamUrl: upstream.url, logLevel: values.level, logFile: join(scratch.path, `${String(Math.random()).slice(2)}.log`), cwd: scratch.path, core: pin.sut, build,
       nodeArgs: splitArgs(nodeArgs), env: parseEnv(env),
     })
     const extras = (nodeArgs: string | undefined, env: string[] | undefined): string => [nodeArgs ?? '', ...(env ?? [])].join(' ').trim()
     const label = (name: string, nodeArgs: string | undefined, env: string[] | undefined): string => extras(nodeArgs, env) === '' ? name : `${name} ${extras(nodeArgs, env)}`
     const servers: [string, Server][] = [
-      [label(`this checkout (${head}${dirty ? '+dirty' : ''})`, values['node-args'], values.env), await proxy(values['node-args'], values.env)],
-      [label(`${values.ref} (${other.commit})`, values['ref-node-args'], values['ref-env']), await proxy(values['ref-node-args'], values['ref-env'], other.cli)],
+      [label(`this checkout (${head}${dirty ? '+dirty' : ''})`, values['node-args'], values.env), await proxy(values['node-args'], values.env, thisBuild())],
+      [label(`${values.ref} (${other.commit})`, values['ref-node-args'], values['ref-env']), await proxy(values['ref-node-args'], values['ref-env'], other.build)],
       ['floor (bare http-proxy)', await startFloor(upstream.url, pin.sut)],
     ]
     await Promise.all(servers.map(([, s]) => runLoad(workloadLoad(workload, s.url, connections, 1.5)))) // warm-up
@@ -114,6 +121,8 @@ async function main (): Promise<void> {
     process.stdout.write([
       `# bench:ab: ${workload}, ${connections} connections per server, ${rounds} rounds × ${seconds} s, all servers loaded at once on core ${pin.sut ?? '-'}, log level ${values.level}`,
       `machine: ${m.cpuModel}, ${m.cores} cores, Node ${m.node}`,
+      `this checkout runs ${thisBuild().description}`,
+      `${values.ref} (${other.commit}) runs ${other.build.description}`,
       '',
       table(['server', 'CPU ms / 1k req (median)', 'vs this checkout (median)', 'range over rounds'],
         servers.map(([name], i) => [name, fixed(median(cpu[i] ?? []), 1), fixed(median(ratios[i] ?? []), 3) + '×',

@@ -12,9 +12,11 @@ import { createInterface } from 'node:readline'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { fileURLToPath } from 'node:url'
 import autocannon from 'autocannon'
+import { imageBuild, type Build } from './image.js'
 
 export const BENCH_DIR = dirname(fileURLToPath(import.meta.url))
 export const ROOT = dirname(BENCH_DIR)
+/** The unbundled build (tsc): its frames name the files and packages they come from. */
 export const CLI = join(ROOT, 'dist', 'cli.js')
 
 // ---------------------------------------------------------------------------
@@ -70,13 +72,15 @@ function clockTicks (): number {
   }
 }
 
+const CLOCK_TICKS = clockTicks()
+
 export function machine (): Machine {
   let cpuModel = cpus()[0]?.model ?? 'unknown'
   try {
     const line = readFileSync('/proc/cpuinfo', 'utf8').split('\n').find(l => l.startsWith('model name'))
     if (line !== undefined) cpuModel = line.slice(line.indexOf(':') + 1).trim()
   } catch { /* not Linux: os.cpus() is as good */ }
-  return { cpuModel, cores: availableParallelism(), node: nodeUnderTest().version, platform: `${process.platform} ${process.arch}`, clockTicks: clockTicks() }
+  return { cpuModel, cores: availableParallelism(), node: nodeUnderTest().version, platform: `${process.platform} ${process.arch}`, clockTicks: CLOCK_TICKS }
 }
 
 /**
@@ -341,6 +345,12 @@ export interface Server {
   readonly logFile?: string
   /** Spawn to ready: the proxy's /readyz answering 200, the floor listening. */
   readonly readyMs: number
+  /** CPU the server used from spawn to ready (all its threads): less noisy than readyMs on a busy machine. */
+  readonly readyCpuMs?: number
+}
+
+function cpuMs (pid: number): number {
+  return cpuTicks(pid) * 1000 / CLOCK_TICKS
 }
 
 export interface ProxyStart {
@@ -350,11 +360,45 @@ export interface ProxyStart {
   readonly logFile: string
   readonly cwd: string
   readonly core: number | undefined
+  /** Added after the build's own Node flags (V8 takes the last of a flag). */
   readonly nodeArgs?: readonly string[]
-  /** Another build's cli.js (bench/ab.ts); default this checkout's dist/. */
-  readonly cli?: string
+  /** What runs: default this checkout as its image runs it (bench/image.ts). */
+  readonly build?: Build
   /** Added to the proxy's environment (e.g. MALLOC_ARENA_MAX). */
   readonly env?: Readonly<Record<string, string>>
+}
+
+/** This checkout's proxy as its image runs it (read once). */
+let ownBuild: Build | undefined
+export function thisBuild (): Build {
+  ownBuild ??= imageBuild(ROOT)
+  return ownBuild
+}
+
+/** Runs a build's script with neither its image's flags nor its environment. */
+export function bare (build: Build): Build {
+  const { compileCache: _, ...rest } = build
+  return { ...rest, nodeArgs: [], env: {}, description: `${build.script} without the image's flags and environment` }
+}
+
+const warmedCaches = new Map<string, string>()
+
+/**
+ * The image fills its compile cache at build time, so every pod starts warm:
+ * the same warm-up, once per build, into a directory under `scratch` (the
+ * image's own directory does not exist here).
+ */
+function compileCacheEnv (build: Build, scratch: string): Record<string, string> {
+  if (build.compileCache === undefined) return {}
+  let dir = warmedCaches.get(build.script)
+  if (dir === undefined) {
+    dir = join(scratch, `compile-cache-${warmedCaches.size}`)
+    execFileSync(nodeBinary, [...build.nodeArgs, build.script, ...build.compileCache.warmArgs], {
+      cwd: scratch, env: { PATH: process.env.PATH, ...build.env, NODE_COMPILE_CACHE: dir }, stdio: 'ignore',
+    })
+    warmedCaches.set(build.script, dir)
+  }
+  return { NODE_COMPILE_CACHE: dir }
 }
 
 export async function startProxy (s: ProxyStart): Promise<Server> {
@@ -362,14 +406,16 @@ export async function startProxy (s: ProxyStart): Promise<Server> {
   const adminPort = await freePort()
   const log = openLog(s.logFile)
   let child: Child
+  const build = s.build ?? thisBuild()
+  const cache = compileCacheEnv(build, s.cwd)
   const t0 = performance.now()
   try {
-    child = spawnNode('proxy', s.cli ?? CLI, ['serve'], {
-      env: { ...proxyEnv(s.upstreamUrl, port, s.logLevel, adminPort), ...s.env },
+    child = spawnNode('proxy', build.script, ['serve'], {
+      env: { ...proxyEnv(s.upstreamUrl, port, s.logLevel, adminPort), ...build.env, ...cache, ...s.env },
       cwd: s.cwd,
       stdout: log.fd,
       ...(s.core === undefined ? {} : { core: s.core }),
-      ...(s.nodeArgs === undefined ? {} : { nodeArgs: s.nodeArgs }),
+      nodeArgs: [...build.nodeArgs, ...(s.nodeArgs ?? [])],
     })
   } finally {
     log.close() // the child has its own copy of the descriptor
@@ -377,8 +423,9 @@ export async function startProxy (s: ProxyStart): Promise<Server> {
   const url = `http://127.0.0.1:${port}`
   await waitFor200(child, `http://127.0.0.1:${adminPort}/readyz`, 10_000, 2)
   const readyMs = performance.now() - t0
+  const readyCpuMs = cpuMs(child.pid)
   await waitFor200(child, url + '/ready') // the whole path, upstream included
-  return { child, url, logFile: s.logFile, readyMs }
+  return { child, url, logFile: s.logFile, readyMs, readyCpuMs }
 }
 
 export async function startFloor (upstreamUrl: string, core: number | undefined, nodeArgs?: readonly string[], extraEnv?: Readonly<Record<string, string>>): Promise<Server> {
@@ -390,9 +437,10 @@ export async function startFloor (upstreamUrl: string, core: number | undefined,
   })
   const ready = await firstJsonLine(child)
   const readyMs = performance.now() - t0
+  const readyCpuMs = cpuMs(child.pid)
   const url = `http://127.0.0.1:${String(ready.port)}`
   await waitFor200(child, url + '/ready')
-  return { child, url, readyMs }
+  return { child, url, readyMs, readyCpuMs }
 }
 
 // ---------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import { join } from 'node:path'
 import { parseArgs } from 'node:util'
 import { fixed, table } from './format.js'
 import {
-  BENCH_DIR, ROOT, SMALL_PATH, awaitQuiet, cpuTicks, median, noiseProbe, parseEnv, runPaced, splitArgs, useNode, type Measured, choosePinning, installCleanup, machine, measure, pinProcess, runLoad, scratchDir, startFloor,
+  BENCH_DIR, CLI, ROOT, SMALL_PATH, thisBuild, awaitQuiet, cpuTicks, median, noiseProbe, parseEnv, runPaced, splitArgs, useNode, type Measured, choosePinning, installCleanup, machine, measure, pinProcess, runLoad, scratchDir, startFloor,
   startProxy, startUpstream, stopAll, stopChild, workloadLoad, parseWorkload,
 } from './harness.js'
 
@@ -200,7 +200,9 @@ async function main (): Promise<void> {
     const logFile = join(scratch.path, 'server.log')
     const server = values.target === 'floor'
       ? await startFloor(upstream.url, pin.sut, nodeArgs, env)
-      : await startProxy({ upstreamUrl: upstream.url, logLevel: values.level, logFile, cwd: scratch.path, core: pin.sut, nodeArgs, env })
+      // The unbundled build with the image's flags and environment: its frames
+      // name the files and packages the time goes to (the bundle's are all one file).
+      : await startProxy({ upstreamUrl: upstream.url, logLevel: values.level, logFile, cwd: scratch.path, core: pin.sut, nodeArgs, env, build: { ...thisBuild(), script: CLI } })
     const connections = Number(values.connections)
     const rate = values.rate === undefined ? undefined : Number(values.rate)
     await runLoad(workloadLoad(workload, server.url, connections, 1))

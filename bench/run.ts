@@ -1,7 +1,8 @@
 // npm run bench [-- --quick] [-- --no-pin]
 //
-// The benchmark of issue 6: the real proxy (dist/, as a child process)
-// against the framework floor (a bare @fastify/http-proxy, bench/floor.mjs)
+// The benchmark of issue 6: the real proxy (as a child process, run as the
+// image runs it: the bundle with the Dockerfile's Node flags, environment
+// and warm compile cache, see bench/image.ts) against the framework floor (a bare @fastify/http-proxy, bench/floor.mjs)
 // and against the upstream itself, all on 127.0.0.1, driven by autocannon.
 // Tables go to stdout, progress to stderr, everything to
 // bench/results/<timestamp>.json and bench/results/latest.json (a --quick
@@ -15,15 +16,16 @@
 // quiet moment before each measurement and repeats one that was disturbed.
 import { execFileSync } from 'node:child_process'
 import { existsSync, mkdirSync, rmSync, writeFileSync } from 'node:fs'
-import { join } from 'node:path'
+import { join, resolve } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { parseArgs } from 'node:util'
 import { fixed, ratio, table, type Cell } from './format.js'
 import {
-  BENCH_DIR, CLI, ROOT, parseEnv, splitArgs, useNode, awaitQuiet, choosePinning, countRequestLines, installCleanup, machine, measure, median, pinProcess,
+  BENCH_DIR, ROOT, bare, parseEnv, thisBuild, splitArgs, useNode, awaitQuiet, choosePinning, countRequestLines, installCleanup, machine, measure, median, pinProcess,
   noiseProbe, runLoad, runPaced, scratchDir, spawnNode, startFloor, startProxy, startUpstream, stopAll, stopChild, vmMB,
   SMALL_PATH, workloadLoad, type Workload, type Latency, type LoadResult, type Machine, type Measured, type Pinning, type Server, type Upstream,
 } from './harness.js'
+import { imageBuild, type Build } from './image.js'
 import { mintTable, type MintResult } from './mint.js'
 
 const SECTIONS = ['idle', 'small', 'big', 'rate', 'soak', 'mint'] as const
@@ -35,6 +37,8 @@ const { values: flags } = parseArgs({
     'no-pin': { type: 'boolean', default: false },
     node: { type: 'string' },
     cli: { type: 'string' },
+    checkout: { type: 'string' },
+    bare: { type: 'boolean', default: false },
     'node-args': { type: 'string' },
     env: { type: 'string', multiple: true },
     sections: { type: 'string', default: SECTIONS.join(',') },
@@ -47,8 +51,10 @@ if (flags.help) {
     '  --quick       1 round, short runs: a few minutes',
     '  --no-pin      do not pin processes to cores with taskset',
     '  --node        the Node binary every server runs on (default: BENCH_NODE, else the one running the bench)',
-    '  --cli         another build\'s dist/cli.js to measure as the proxy (e.g. a worktree of the commit before a change)',
-    '  --node-args   Node flags for the proxy only, with "=": --node-args="--max-semi-space-size=16"',
+    '  --checkout    another built checkout to measure as the proxy, run as its own image runs it (e.g. a worktree of the commit before a change)',
+    '  --cli         this file as the proxy instead of the bundle, with the image\'s flags and environment (e.g. dist/cli.js)',
+    '  --bare        without the image\'s Node flags and environment',
+    '  --node-args   Node flags for the proxy only, after the image\'s, with "=": --node-args="--max-semi-space-size=8"',
     '  --env         added to the proxy\'s environment, e.g. MALLOC_ARENA_MAX=2 (repeatable)',
     `  --sections    which parts to run (default all: ${SECTIONS.join(',')})`,
     '',
@@ -58,6 +64,11 @@ if (flags.help) {
 useNode(flags.node)
 const proxyNodeArgs = splitArgs(flags['node-args'])
 const proxyExtraEnv = parseEnv(flags.env)
+const proxyBuild = ((): Build => {
+  const image = flags.checkout === undefined ? thisBuild() : imageBuild(resolve(flags.checkout))
+  const chosen = flags.cli === undefined ? image : { ...image, script: resolve(flags.cli), description: `${resolve(flags.cli)} with the flags and environment of ${image.description}` }
+  return flags.bare ? bare(chosen) : chosen
+})()
 const sections = new Set(flags.sections.split(',').map(x => x.trim()).filter(x => x !== ''))
 for (const x of sections) if (!SECTIONS.includes(x as Section)) throw new Error(`--sections: unknown ${JSON.stringify(x)} (choices: ${SECTIONS.join(', ')})`)
 const runs = (x: Section): boolean => sections.has(x)
@@ -205,7 +216,7 @@ async function start (ctx: Context, target: Target): Promise<Started> {
       core: pin.sut,
       nodeArgs: proxyNodeArgs,
       env: proxyExtraEnv,
-      ...(flags.cli === undefined ? {} : { cli: flags.cli }),
+      build: proxyBuild,
     })
   const { pid } = server.child
   return {
@@ -435,6 +446,8 @@ interface IdleRun {
   readonly round: number
   /** Spawn to ready (the proxy: /readyz 200; the floor: listening). */
   readonly readyMs: number
+  /** CPU the server used until then (all threads): robust to a busy machine. */
+  readonly readyCpuMs: number
   /** RssAnon: the per-pod part (the binary's file-backed pages are shared between pods of a node). */
   readonly anonMB: number
   readonly rssMB: number
@@ -448,20 +461,20 @@ async function idleOnce (ctx: Context, target: 'proxy' | 'floor', round: number)
   try {
     await runLoad({ url: s.server.url + PATH, connections: 1, amount: settings.idleRequests })
     await sleep(settings.idleSettleSeconds * 1000)
-    const run = { target, round, readyMs: s.server.readyMs, anonMB: vmMB(s.pid, 'RssAnon'), rssMB: vmMB(s.pid, 'VmRSS'), otherLoad: others() }
-    progress(`  idle round ${round}: ${LABEL[target].padEnd(12)} ready ${fixed(run.readyMs, 0)} ms  RssAnon ${fixed(run.anonMB, 1)} MB  RSS ${fixed(run.rssMB, 1)} MB`)
+    const run = { target, round, readyMs: s.server.readyMs, readyCpuMs: s.server.readyCpuMs ?? Number.NaN, anonMB: vmMB(s.pid, 'RssAnon'), rssMB: vmMB(s.pid, 'VmRSS'), otherLoad: others() }
+    progress(`  idle round ${round}: ${LABEL[target].padEnd(12)} ready ${fixed(run.readyMs, 0)} ms (${fixed(run.readyCpuMs, 0)} CPU ms)  RssAnon ${fixed(run.anonMB, 1)} MB  RSS ${fixed(run.rssMB, 1)} MB`)
     return run
   } finally {
     await s.stop()
   }
 }
 
-interface IdleSummary { readonly target: 'proxy' | 'floor', readonly readyMs: number, readonly anonMB: number, readonly rssMB: number }
+interface IdleSummary { readonly target: 'proxy' | 'floor', readonly readyMs: number, readonly readyCpuMs: number, readonly anonMB: number, readonly rssMB: number }
 
 function summariseIdle (runs: readonly IdleRun[]): IdleSummary[] {
   return (['proxy', 'floor'] as const).map(target => {
     const rs = runs.filter(r => r.target === target)
-    return { target, readyMs: median(rs.map(r => r.readyMs)), anonMB: median(rs.map(r => r.anonMB)), rssMB: median(rs.map(r => r.rssMB)) }
+    return { target, readyMs: median(rs.map(r => r.readyMs)), readyCpuMs: median(rs.map(r => r.readyCpuMs)), anonMB: median(rs.map(r => r.anonMB)), rssMB: median(rs.map(r => r.rssMB)) }
   })
 }
 
@@ -646,7 +659,7 @@ function soakTable (soaks: readonly Soak[]): string {
 }
 
 function idleTable (idle: readonly IdleSummary[]): string {
-  return table(['server', 'start to ready ms', 'RssAnon MB', 'RSS MB'], idle.map(x => [LABEL[x.target], fixed(x.readyMs, 0), x.anonMB, x.rssMB]))
+  return table(['server', 'start to ready ms', 'CPU ms to ready', 'RssAnon MB', 'RSS MB'], idle.map(x => [LABEL[x.target], fixed(x.readyMs, 0), fixed(x.readyCpuMs, 0), x.anonMB, x.rssMB]))
 }
 
 function checkTable (list: readonly Check[]): string {
@@ -657,7 +670,7 @@ function checkTable (list: readonly Check[]): string {
 
 async function main (): Promise<void> {
   installCleanup()
-  if (!existsSync(CLI)) throw new Error(`${CLI} is missing: run \`npm run build\` first (npm run bench does)`)
+  if (!existsSync(proxyBuild.script)) throw new Error(`${proxyBuild.script} is missing: run \`npm run build\` first (npm run bench does)`)
   const started = new Date()
   const m = machine()
   const pin = choosePinning(m.cores, !flags['no-pin'])
@@ -727,7 +740,8 @@ async function main (): Promise<void> {
       `pinning: ${pin.description}`,
       `mode:    ${mode}; figures are medians over the rounds (peak RSS: the maximum)`,
       `command: ${command}   (took ${fixed(seconds, 0)} s)`,
-      `proxy: Node flags ${proxyNodeArgs.length === 0 ? 'none' : proxyNodeArgs.join(' ')}; extra environment ${Object.keys(proxyExtraEnv).length === 0 ? 'none' : Object.entries(proxyExtraEnv).map(([k, v]) => `${k}=${v}`).join(' ')} (the floor runs with neither)`,
+      `proxy: ${proxyBuild.description}`,
+      `proxy: added Node flags ${proxyNodeArgs.length === 0 ? 'none' : proxyNodeArgs.join(' ')}; added environment ${Object.keys(proxyExtraEnv).length === 0 ? 'none' : Object.entries(proxyExtraEnv).map(([k, v]) => `${k}=${v}`).join(' ')} (the floor runs with neither)`,
       noiseLine,
       '',
       ...(!runs('idle') ? [] : [
@@ -776,6 +790,7 @@ async function main (): Promise<void> {
       seconds,
       commit,
       command,
+      proxy: proxyBuild,
       proxyNodeArgs,
       proxyExtraEnv,
       mode: flags.quick ? 'quick' : 'full',
@@ -800,7 +815,7 @@ async function main (): Promise<void> {
     const latest = flags.quick ? 'latest-quick.json' : 'latest.json'
     writeFileSync(join(dir, name), json)
     // Nor does a run of some sections only, or with other flags for the proxy.
-    const complete = sections.size === SECTIONS.length && flags.cli === undefined && proxyNodeArgs.length === 0 && Object.keys(proxyExtraEnv).length === 0
+    const complete = sections.size === SECTIONS.length && flags.cli === undefined && flags.checkout === undefined && !flags.bare && proxyNodeArgs.length === 0 && Object.keys(proxyExtraEnv).length === 0
     if (complete) writeFileSync(join(dir, latest), json)
     progress(`results: bench/results/${name}${complete ? ` and bench/results/${latest}` : ''}`)
   } finally {

@@ -10,9 +10,11 @@
 // the import() runs, so `token` never starts fastify or undici, and `serve`
 // never runs mock-api's code (README, "Development").
 import { build } from 'esbuild'
-import { existsSync, readFileSync, writeFileSync } from 'node:fs'
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import { createRequire } from 'node:module'
+import { tmpdir } from 'node:os'
 import { dirname, join, relative, sep } from 'node:path'
-import { fileURLToPath } from 'node:url'
+import { fileURLToPath, pathToFileURL } from 'node:url'
 
 const root = fileURLToPath(new URL('..', import.meta.url))
 export const BUNDLE = join(root, 'dist', 'cos-auth-proxy.mjs')
@@ -42,6 +44,139 @@ function replyFromBuildUrl () {
       b.onEnd(result => {
         if (result.errors.length === 0 && patched !== 1) throw new Error(`reply-from's lib/utils.js was patched ${patched} times, not once`)
       })
+    },
+  }
+}
+
+/**
+ * The schema src/config.ts hands env-schema, captured by running its
+ * loadConfig against a stand-in env-schema (bundled on its own into a
+ * temporary file).
+ */
+async function configSchema () {
+  const out = await build({
+    stdin: {
+      contents: `import { loadConfig } from ${JSON.stringify(join(root, 'src', 'config.ts'))}
+        try { loadConfig({ dotenv: false, env: {} }) } catch {}
+        export const schema = globalThis.__cosConfigSchema`,
+      resolveDir: root,
+      loader: 'ts',
+    },
+    bundle: true,
+    platform: 'node',
+    format: 'esm',
+    write: false,
+    logLevel: 'warning',
+    plugins: [{
+      name: 'capture-env-schema',
+      setup (b) {
+        b.onResolve({ filter: /^env-schema$/ }, () => ({ path: 'capture', namespace: 'capture-env-schema' }))
+        b.onLoad({ filter: /.*/, namespace: 'capture-env-schema' }, () => ({
+          contents: 'export default function envSchema (opts) { globalThis.__cosConfigSchema = structuredClone(opts.schema); throw new Error("captured") }',
+          loader: 'js',
+        }))
+      },
+    }],
+  })
+  const dir = mkdtempSync(join(tmpdir(), 'cos-bundle-'))
+  try {
+    const file = join(dir, 'config-schema.mjs')
+    writeFileSync(file, out.outputFiles[0].text)
+    const { schema } = await import(pathToFileURL(file).href)
+    if (schema === undefined) throw new Error('src/config.ts did not call env-schema: the bundle\'s precompiled validator has nothing to replace')
+    return schema
+  } finally {
+    rmSync(dir, { recursive: true, force: true })
+  }
+}
+
+/**
+ * env-schema compiles its options' schema, JSON Schema's meta-schema and the
+ * configuration's schema with ajv at every start: about 100 ms of the start
+ * on Node 24 (README, "Footprint"). The bundle validates the same schema
+ * with the same ajv options, compiled here into plain code (ajv standalone):
+ * src/config.ts's env-schema import resolves to a stand-in that runs it, and
+ * hands anything else (another schema, env or dotenv set) to the real
+ * env-schema, which stays in the bundle but is evaluated only then.
+ */
+function configValidatorAtBuildTime () {
+  const require = createRequire(join(root, 'package.json'))
+  const envSchemaMain = require.resolve('env-schema')
+  return {
+    name: 'config-validator-at-build-time',
+    setup (b) {
+      b.onResolve({ filter: /^env-schema$/ }, args => args.importer.startsWith(join(root, 'src'))
+        ? { path: 'env-schema', namespace: 'precompiled-config' }
+        : undefined)
+      b.onLoad({ filter: /^env-schema$/, namespace: 'precompiled-config' }, async () => {
+        const source = readFileSync(envSchemaMain, 'utf8')
+        // The options env-schema 8 gives ajv: the compiled code must be what it would compile.
+        const options = { allErrors: true, removeAdditional: true, useDefaults: true, coerceTypes: true, allowUnionTypes: true, addUsedSchema: false }
+        const literal = Object.entries(options).map(([k, v]) => `${k}: ${v}`).join(',\\s*')
+        if (!new RegExp(`new Ajv\\(\\{\\s*${literal},\\s*keywords: \\[separator\\],`).test(source)) {
+          throw new Error(`${envSchemaMain}: env-schema no longer builds ajv as scripts/bundle.mjs expects; update configValidatorAtBuildTime`)
+        }
+        const Ajv = require('ajv')
+        const standaloneCode = require('ajv/dist/standalone').default
+        const schema = await configSchema()
+        schema.additionalProperties = false // as env-schema does before validating
+        const ajv = new Ajv({ ...options, keywords: [require('env-schema').keywords.separator], code: { source: true } })
+        const validator = standaloneCode(ajv, ajv.compile(schema))
+        return {
+          contents: `const validate = (() => { const module = { exports: {} }; ${validator}; return module.exports })()
+const SCHEMA = ${JSON.stringify(JSON.stringify(schema))}
+module.exports = function envSchema (opts) {
+  const schema = { ...opts.schema, additionalProperties: false }
+  if (opts.env !== false || opts.dotenv !== false || JSON.stringify(schema) !== SCHEMA) return require(${JSON.stringify(envSchemaMain)})(opts)
+  const data = Object.assign({}, ...[opts.data ?? {}].flat())
+  if (validate(data)) return data
+  const error = new Error(validate.errors.map(e => 'env' + e.instancePath + ' ' + e.message).join(', '))
+  error.errors = validate.errors
+  throw error
+}
+module.exports.default = module.exports
+`,
+          loader: 'js',
+          resolveDir: dirname(envSchemaMain),
+        }
+      })
+    },
+  }
+}
+
+/**
+ * fastify() requires its schema compilers (@fastify/ajv-compiler,
+ * @fastify/fast-json-stringify-compiler, and with them ajv and
+ * fast-json-stringify) for every instance, though it calls them only for a
+ * route that declares a schema, and this program declares none. In the
+ * bundle each is a stand-in that evaluates the real package on its first
+ * call: ~40 ms less at start on Node 24, no behaviour changed.
+ */
+function schemaCompilersOnFirstUse () {
+  const packages = /^@fastify\/(ajv-compiler|fast-json-stringify-compiler)$/
+  return {
+    name: 'schema-compilers-on-first-use',
+    setup (b) {
+      b.onResolve({ filter: packages }, async args => {
+        if (args.namespace === 'on-first-use') return undefined
+        const real = await b.resolve(args.path, { kind: args.kind, importer: args.importer, resolveDir: args.resolveDir, namespace: 'on-first-use' })
+        if (real.errors.length > 0) return { errors: real.errors }
+        return { path: real.path, namespace: 'on-first-use' }
+      })
+      b.onLoad({ filter: /.*/, namespace: 'on-first-use' }, args => ({
+        contents: `function Selector (...options) {
+  let build
+  return function (...args) {
+    build ??= require(${JSON.stringify(args.path)})(...options)
+    return build(...args)
+  }
+}
+module.exports = Selector
+module.exports.default = Selector
+`,
+        loader: 'js',
+        resolveDir: dirname(args.path),
+      }))
     },
   }
 }
@@ -92,7 +227,7 @@ const result = await build({
   logLevel: 'warning',
   // The CommonJS dependencies require() node's built-ins; an ES module has no require of its own.
   banner: { js: "import{createRequire as __cosCreateRequire}from'node:module';const require=__cosCreateRequire(import.meta.url);" },
-  plugins: [replyFromBuildUrl()],
+  plugins: [replyFromBuildUrl(), configValidatorAtBuildTime(), schemaCompilersOnFirstUse()],
 })
 writeFileSync(NOTICES, notices(result.metafile.inputs))
 const bytes = result.metafile.outputs[relative(root, BUNDLE)]?.bytes ?? 0

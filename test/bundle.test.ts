@@ -1,12 +1,15 @@
 // What ships: dist/cos-auth-proxy.mjs, one file, run as the image runs it
 // (no node_modules beside it), and started by `npm start` exactly as the
 // image starts it.
-import { spawn } from 'node:child_process'
+import { execFile, spawn } from 'node:child_process'
 import { copyFileSync, mkdtempSync, readFileSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join, posix } from 'node:path'
 import { fileURLToPath } from 'node:url'
+import { promisify } from 'node:util'
 import t, { type Test } from 'tap'
+import { imageBuild, imageCommand, scriptIndex } from '../bench/image.js'
+import { describeConfig, loadConfig } from '../src/config.js'
 import { DOT_SEGMENTS, DOTTED_NAMES } from './dotted-paths.js'
 import { ACCESS_KEY, SECRET, startUpstream } from './helpers.js'
 import { errorOf, get, rawRequest } from './security/raw.js'
@@ -43,26 +46,37 @@ t.test('the bundle serves on its own, without node_modules, with reply-from\'s b
   t.equal(up.received.length, DOTTED_NAMES.length, 'no dot-segment forwarded')
 })
 
-interface ImageCommand { readonly workdir: string, readonly argv: readonly string[], readonly healthcheck: readonly string[], readonly copies: readonly string[], readonly env: string }
-
-/** The runtime stage of the Dockerfile: WORKDIR, ENTRYPOINT + CMD, HEALTHCHECK, COPY and ENV lines. */
-function imageCommand (dockerfile: string): ImageCommand {
-  const lines = dockerfile.replace(/\\\n\s*/g, ' ').split('\n').map(l => l.trim())
-  const runtime = lines.slice(lines.findLastIndex(l => l.startsWith('FROM ')))
-  const one = (instruction: string): string => {
-    const found = runtime.findLast(l => l.startsWith(`${instruction} `))
-    if (found === undefined) throw new Error(`no ${instruction} in the Dockerfile's last stage`)
-    return found.slice(instruction.length + 1).trim()
-  }
-  const exec = (text: string): string[] => JSON.parse(text) as string[]
-  return {
-    workdir: one('WORKDIR'),
-    argv: [...exec(one('ENTRYPOINT')), ...exec(one('CMD'))],
-    healthcheck: exec(one('HEALTHCHECK').replace(/^.*?\bCMD\s+/, '')),
-    copies: runtime.filter(l => l.startsWith('COPY ')),
-    env: one('ENV'),
-  }
-}
+t.test('the bundle\'s config validator, compiled at build time, cannot accept or coerce what env-schema would not: the same configuration and the same refusals as src/config.ts', async t => {
+  const dir = tempDir(t, 'cos-bundle-config-')
+  const base = { COS_API_URL: 'http://127.0.0.1:1', COS_ACCESS_KEY: ACCESS_KEY, COS_ACCESS_KEY_SECRET: SECRET }
+  const cases: Record<string, string>[] = [
+    {},
+    { COS_LISTEN_PORT: '99999' },
+    { COS_LISTEN_PORT: 'eighty' },
+    { COS_LISTEN_PORT: '1.5' },
+    { COS_LISTEN_PORT: ' 81 ' },
+    { COS_ADMIN_PORT: '-1' },
+    { COS_LOG_LEVEL: 'loud' },
+    { COS_LOG_LEVEL: 'WARN' },
+    { COS_TOKEN_ENCODING: 'base64' },
+    { COS_CLOCK_SKEW_CORRECTION: 'yes' },
+    { COS_CLOCK_SKEW_CORRECTION: 'true' },
+    { COS_MAX_BODY_BYTES: '1e3' },
+    { COS_UPSTREAM_MAX_CONNECTIONS: '0', COS_LOG_LEVEL: 'debug' },
+  ]
+  await Promise.all(cases.map(async extra => {
+    const env = { ...base, ...extra }
+    let expected: { code: number, out: string }
+    try {
+      expected = { code: 0, out: describeConfig(loadConfig({ env, dotenv: false })) + '\n' }
+    } catch (err) {
+      expected = { code: 78, out: `cos-auth-proxy: config: ${(err as Error).message}\n` }
+    }
+    const got = await promisify(execFile)(process.execPath, [CLI, 'config'], { cwd: dir, env: { PATH: process.env.PATH, ...env } })
+      .then(r => ({ code: 0, out: r.stdout }), (err: unknown) => ({ code: (err as { code: number }).code, out: (err as { stderr: string }).stderr }))
+    t.same(got, expected, JSON.stringify(extra))
+  }))
+})
 
 t.test('npm start runs what the image runs: the same file, the same Node flags, the same command', async t => {
   const image = imageCommand(readFileSync(join(ROOT, 'Dockerfile'), 'utf8'))
@@ -70,8 +84,7 @@ t.test('npm start runs what the image runs: the same file, the same Node flags, 
   const start = (pkg.scripts.start ?? '').split(/\s+/)
   t.equal(start[0], 'node', 'npm start is a plain node command, no wrapper')
   t.equal(posix.basename(image.argv[0] ?? ''), 'node', 'the image runs node itself')
-  const fileAt = (argv: readonly string[]): number => argv.findIndex((a, i) => i > 0 && !a.startsWith('-'))
-  const [imageFile, startFile] = [fileAt(image.argv), fileAt(start)]
+  const [imageFile, startFile] = [scriptIndex(image.argv), scriptIndex(start)]
   t.same(image.argv.slice(1, imageFile), start.slice(1, startFile), 'the same Node flags')
   t.equal(posix.relative(image.workdir, image.argv[imageFile] ?? ''), start[startFile], 'the same file (relative to WORKDIR and to the repository)')
   t.same(image.argv.slice(imageFile + 1), start.slice(startFile + 1), 'the same command (serve)')
@@ -81,8 +94,24 @@ t.test('npm start runs what the image runs: the same file, the same Node flags, 
   t.match(image.copies.join('\n'), /^COPY --from=build \/src\/dist\/cos-auth-proxy\.mjs .*\.\/dist\/$/m, 'the image gets the file from the build stage\'s dist/')
   t.notMatch(image.copies.join('\n'), /node_modules/, 'and no node_modules')
   // What npm start cannot set without a wrapper; the README asks for it.
-  t.match(image.env, /\bMALLOC_ARENA_MAX=2\b/, 'the image limits malloc arenas')
+  t.equal(image.env.MALLOC_ARENA_MAX, '2', 'the image limits malloc arenas')
   t.match(readFileSync(join(ROOT, 'README.md'), 'utf8'), /MALLOC_ARENA_MAX=2/, 'the README says to set it for npm start')
+})
+
+t.test('the benchmark runs what the image runs: the bundle, the Dockerfile\'s Node flags and environment, never dist/cli.js', async t => {
+  const image = imageCommand(readFileSync(join(ROOT, 'Dockerfile'), 'utf8'))
+  const build = imageBuild(ROOT)
+  const at = scriptIndex(image.argv)
+  t.equal(build.script, join(ROOT, 'dist', 'cos-auth-proxy.mjs'), 'the bundle')
+  t.same(build.nodeArgs, image.argv.slice(1, at), 'the ENTRYPOINT\'s Node flags')
+  for (const [name, value] of Object.entries(image.env)) {
+    if (name.startsWith('COS_') || name === 'NODE_COMPILE_CACHE') t.notOk(name in build.env, `${name}: left to the benchmark`)
+    else t.equal(build.env[name], value, `${name}=${value}`)
+  }
+  t.equal(build.env.MALLOC_ARENA_MAX, '2', 'MALLOC_ARENA_MAX among them')
+  if (image.env.NODE_COMPILE_CACHE !== undefined) {
+    t.ok(build.compileCache !== undefined, 'the compile cache is filled the way the image fills it')
+  }
 })
 
 // The hooks see every module imported from an ES module, so every package
