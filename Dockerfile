@@ -67,7 +67,14 @@ LABEL org.opencontainers.image.title="cos-auth-proxy" \
 # MALLOC_ARENA_MAX=2: glibc keeps two malloc arenas instead of up to 8 per
 # core, which holds native memory down; `npm start` cannot set it (no
 # wrapper), so README.md and docs/development.md tell you to export it to match the image.
+# --max-old-space-size-percentage=50 (Node >= 24, so not in `npm start`):
+# the old space follows the container's memory limit (160 MiB under the
+# chart's 320Mi) instead of V8's floor of 256 MiB below 1 GiB, which with the
+# young generation and ~100 MB outside the heap would exceed the limit and
+# get the container OOM-killed before V8 collects (docs/performance.md).
+# Setting NODE_OPTIONS in the pod replaces it: keep it in what you set.
 ENV NODE_ENV=production \
+    NODE_OPTIONS=--max-old-space-size-percentage=50 \
     MALLOC_ARENA_MAX=2 \
     NODE_COMPILE_CACHE=/app/compile-cache \
     COS_ADMIN_HOST=0.0.0.0
@@ -87,7 +94,7 @@ HEALTHCHECK --interval=10s --timeout=5s --start-period=15s --retries=3 \
 # node is PID 1 and handles SIGTERM itself: drain, then exit 0.
 # The same file and Node flags as `npm start` (package.json); a test keeps
 # the two equal. Heap flags: the young generation capped at 16 MB per
-# semi-space, no old-space cap: every old-space cap measured cost CPU at 256
-# connections (docs/performance.md, "Settings that move together").
+# semi-space; the old space sized from the memory limit by NODE_OPTIONS above
+# (docs/performance.md, "Settings that move together").
 ENTRYPOINT ["/nodejs/bin/node", "--max-semi-space-size=16", "/app/dist/cos-auth-proxy.mjs"]
 CMD ["serve"]

@@ -388,13 +388,40 @@ const warmedCaches = new Map<string, string>()
  * the same warm-up, once per build, into a directory under `scratch` (the
  * image's own directory does not exist here).
  */
+/**
+ * The image's environment for the Node that runs here. Its NODE_OPTIONS
+ * (`--max-old-space-size-percentage`, which sizes the old space from the
+ * container's memory limit) exists from Node 24 only, and a Node that does not
+ * know an option in NODE_OPTIONS refuses to start: on such a Node it is left
+ * out. Without a cgroup limit it is a percentage of the machine's memory,
+ * so the benchmark runs as without an old-space cap either way.
+ */
+const nodeOptionsAccepted = new Map<string, boolean>()
+function imageEnvForThisNode (env: Readonly<Record<string, string>>): Record<string, string> {
+  const { NODE_OPTIONS: options, ...rest } = env
+  if (options === undefined) return rest
+  const key = `${nodeBinary}\0${options}`
+  let accepted = nodeOptionsAccepted.get(key)
+  if (accepted === undefined) {
+    try {
+      execFileSync(nodeBinary, ['-e', '0'], { env: { PATH: process.env.PATH, NODE_OPTIONS: options }, stdio: 'ignore' })
+      accepted = true
+    } catch {
+      accepted = false
+      console.error(`note: ${nodeBinary} does not accept the image's NODE_OPTIONS="${options}"; the proxy runs without it`)
+    }
+    nodeOptionsAccepted.set(key, accepted)
+  }
+  return accepted ? { ...rest, NODE_OPTIONS: options } : rest
+}
+
 function compileCacheEnv (build: Build, scratch: string): Record<string, string> {
   if (build.compileCache === undefined) return {}
   let dir = warmedCaches.get(build.script)
   if (dir === undefined) {
     dir = join(scratch, `compile-cache-${warmedCaches.size}`)
     execFileSync(nodeBinary, [...build.nodeArgs, build.script, ...build.compileCache.warmArgs], {
-      cwd: scratch, env: { PATH: process.env.PATH, ...build.env, NODE_COMPILE_CACHE: dir }, stdio: 'ignore',
+      cwd: scratch, env: { PATH: process.env.PATH, ...imageEnvForThisNode(build.env), NODE_COMPILE_CACHE: dir }, stdio: 'ignore',
     })
     warmedCaches.set(build.script, dir)
   }
@@ -411,7 +438,7 @@ export async function startProxy (s: ProxyStart): Promise<Server> {
   const t0 = performance.now()
   try {
     child = spawnNode('proxy', build.script, ['serve'], {
-      env: { ...proxyEnv(s.upstreamUrl, port, s.logLevel, adminPort), ...build.env, ...cache, ...s.env },
+      env: { ...proxyEnv(s.upstreamUrl, port, s.logLevel, adminPort), ...imageEnvForThisNode(build.env), ...cache, ...s.env },
       cwd: s.cwd,
       stdout: log.fd,
       ...(s.core === undefined ? {} : { core: s.core }),

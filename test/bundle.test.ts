@@ -98,6 +98,35 @@ t.test('npm start runs what the image runs: the same file, the same Node flags, 
   t.match(readFileSync(join(ROOT, 'README.md'), 'utf8'), /MALLOC_ARENA_MAX=2/, 'the README says to set it for npm start')
 })
 
+// The chart's memory limit, in MiB, from values.yaml's `resources.limits.memory`.
+function chartMemoryLimitMiB (): number {
+  const values = readFileSync(join(ROOT, 'helm', 'cos-auth-proxy', 'values.yaml'), 'utf8')
+  const limits = /^resources:\n(?:[ #].*\n)*?\s+limits:\n(?:\s+\w+:.*\n)*?\s+memory:\s*"?(\d+)Mi"?/m.exec(values)
+  if (limits?.[1] === undefined) throw new Error('no resources.limits.memory in values.yaml')
+  return Number(limits[1])
+}
+
+t.test('the image\'s heap cannot outgrow the chart\'s memory limit: the old space follows the container limit, so the container is not OOM-killed before V8 collects', async t => {
+  const image = imageCommand(readFileSync(join(ROOT, 'Dockerfile'), 'utf8'))
+  const percentage = /--max-old-space-size-percentage=(\d+)%?/.exec(image.env.NODE_OPTIONS ?? '')
+  t.ok(percentage, 'the image sizes the old space from the memory limit (NODE_OPTIONS)')
+  const semi = /^--max-semi-space-size=(\d+)$/.exec(image.argv.find(a => a.startsWith('--max-semi-space-size=')) ?? '')
+  t.ok(semi, 'the young generation is capped (ENTRYPOINT)')
+  const limit = chartMemoryLimitMiB()
+  // V8's heap limit is old space + 3 semi-spaces; ~100 MiB is the rest of the
+  // process (the binary's pages, code, buffers, malloc), measured idle at ~97 MB RSS.
+  const heapLimit = limit * Number(percentage?.[1]) / 100 + 3 * Number(semi?.[1])
+  t.ok(heapLimit + 100 <= limit, `heap limit ${heapLimit} MiB + 100 MiB fits the chart's ${limit}Mi`)
+  // V8's floor without the option: 256 MiB of old space below 1 GiB, which would not fit.
+  t.ok(256 + 3 * Number(semi?.[1]) + 100 > limit, 'without it, V8\'s 256 MiB floor would not fit (the option is what makes it fit)')
+  const major = Number(process.versions.node.split('.')[0])
+  if (major >= 24) {
+    // The image's runtime (CI runs this suite again on Node 24): the option is accepted and caps the old space.
+    const { stdout } = await promisify(execFile)(process.execPath, ['-p', 'require("v8").getHeapStatistics().heap_size_limit'], { env: { PATH: process.env.PATH, NODE_OPTIONS: image.env.NODE_OPTIONS } })
+    t.ok(Number(stdout) > 0, `Node ${process.versions.node} accepts NODE_OPTIONS=${image.env.NODE_OPTIONS}`)
+  }
+})
+
 t.test('the benchmark runs what the image runs: the bundle, the Dockerfile\'s Node flags and environment, never dist/cli.js', async t => {
   const image = imageCommand(readFileSync(join(ROOT, 'Dockerfile'), 'utf8'))
   const build = imageBuild(ROOT)
