@@ -74,8 +74,7 @@ class AdminLog extends LogController {
 
 /** Routes registered, not listening: the caller listens (and closes it last, so /healthz answers through the drain). */
 export function buildAdminServer (opts: AdminOptions): FastifyInstance {
-  const { metrics } = opts
-  metrics.observeReadiness?.(() => opts.readiness().ready)
+  opts.metrics.observeReadiness?.(() => opts.readiness().ready)
   const limits = { ...ADMIN_LIMITS, ...opts.limits }
   const app = Fastify({
     // No loggerInstance: Fastify's logger stays off.
@@ -94,6 +93,13 @@ export function buildAdminServer (opts: AdminOptions): FastifyInstance {
   })
   reapIdleConnections(app.server, limits.idleTimeoutMs, limits.maxConnections)
 
+  answerRefusalsAndErrors(app)
+  registerAdminRoutes(app, opts)
+  return app
+}
+
+/** What the admin listener refuses (web pages, unknown paths and methods) and its error shape. */
+function answerRefusalsAndErrors (app: FastifyInstance): void {
   // `curl -d ''` and `wget --post-data` send a form content type to
   // /quitquitquit; any small body is accepted and ignored.
   app.removeAllContentTypeParsers()
@@ -129,7 +135,11 @@ export function buildAdminServer (opts: AdminOptions): FastifyInstance {
     request.log.error({ err: error }, 'admin request failed')
     sendError(reply, 500, 'internal_error', 'the admin endpoint failed')
   })
+}
 
+/** /healthz, /readyz, /metrics and POST /quitquitquit. */
+function registerAdminRoutes (app: FastifyInstance, opts: AdminOptions): void {
+  const { metrics } = opts
   // Liveness only: the event loop ran this handler. Stays 200 while draining,
   // so the kubelet does not restart a pod that is shutting down cleanly.
   app.get('/healthz', (_request, reply) => {
@@ -166,8 +176,6 @@ export function buildAdminServer (opts: AdminOptions): FastifyInstance {
       request.log.error({ err }, 'quitquitquit: starting the drain failed')
     }
   })
-
-  return app
 }
 
 /** Where both listeners of a process are bound, as the start line logs it. */

@@ -94,7 +94,7 @@ export class AuthRefusals {
     const refusals = this.#refusals
     this.#refusals = 0
     // Taken now, before any read ends: the 401 has already asked the watcher
-    // for a read (proxy.ts), and that one may be the read that finds the new pair.
+    // for a read (retry.ts), and that one may be the read that finds the new pair.
     const before = this.#opts.store.current
     this.#warn(route, status, refusals, before).catch((err: unknown) => {
       this.#opts.logger.error({ err }, 'auth: diagnosing an upstream refusal failed')

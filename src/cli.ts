@@ -61,9 +61,10 @@ const commands: Record<string, (args: string[]) => Promise<void>> = {
     const config = loadConfig()
     // Credential files that are missing or empty do not stop it: it starts
     // unready and picks them up when they appear (a Secret mounted late).
-    const [{ createLogger, stdoutDestination }, { serve }] = await Promise.all([import('./logger.js'), import('./server.js')])
+    const [{ createLogger, inLogFormat, stdoutDestination }, { serve }] = await Promise.all([import('./logger.js'), import('./server.js')])
     const stdout = stdoutDestination()
-    await serve({ config, logger: createLogger(config.logLevel, stdout), logLinesDropped: () => stdout.dropped })
+    const logger = createLogger(config.logLevel, await inLogFormat(config.logFormat, stdout))
+    await serve({ config, logger, logLinesDropped: () => stdout.dropped })
   },
 
   async wait (args) {
@@ -135,8 +136,8 @@ const commands: Record<string, (args: string[]) => Promise<void>> = {
     if (!Number.isInteger(port) || port < 0 || port > 65535) throw new UsageError('--port must be 0-65535')
     const config = loadConfig({ needs: 'credentials' })
     const pair = await credentialsOrExit(config)
-    const [{ createLogger }, { buildMockApi }] = await Promise.all([import('./logger.js'), import('./mock-api.js')])
-    const logger = createLogger(config.logLevel)
+    const [{ createLogger, inLogFormat, stdoutDestination }, { buildMockApi }] = await Promise.all([import('./logger.js'), import('./mock-api.js')])
+    const logger = createLogger(config.logLevel, await inLogFormat(config.logFormat, stdoutDestination()))
     const app = buildMockApi({ accessKey: pair.accessKey, key: pair.key, logger })
     await app.listen({ host: config.mockHost, port })
     const { address, port: bound } = app.server.address() as AddressInfo
@@ -158,10 +159,11 @@ const commands: Record<string, (args: string[]) => Promise<void>> = {
     // Only where to listen and how to log come from the environment; credentials never do.
     const ambient = loadConfig({
       needs: 'credentials',
-      env: { ...pick(process.env, DEMO_AMBIENT), COS_ACCESS_KEY: accessKey, COS_ACCESS_KEY_SECRET: secret },
+      // A person watches the demo: readable lines unless COS_LOG_FORMAT says otherwise.
+      env: { COS_LOG_FORMAT: 'pretty', ...pick(process.env, DEMO_AMBIENT), COS_ACCESS_KEY: accessKey, COS_ACCESS_KEY_SECRET: secret },
     })
-    const [{ createLogger }, { buildMockApi }, { serve }, { secretKey }] = await Promise.all([import('./logger.js'), import('./mock-api.js'), import('./server.js'), import('./token.js')])
-    const logger = createLogger(ambient.logLevel)
+    const [{ createLogger, inLogFormat, stdoutDestination }, { buildMockApi }, { serve }, { secretKey }] = await Promise.all([import('./logger.js'), import('./mock-api.js'), import('./server.js'), import('./token.js')])
+    const logger = createLogger(ambient.logLevel, await inLogFormat(ambient.logFormat, stdoutDestination()))
     const mock = buildMockApi({ accessKey, key: secretKey(secret), logger: logger.child({ component: 'mock-api' }) })
     await mock.listen({ host: ambient.mockHost, port: 0 })
     const mockUrl = `http://${hostPort(mock.server.address() as AddressInfo)}`
@@ -202,7 +204,7 @@ Ctrl-C to stop.
 }
 
 // What the demo takes from the environment: where to listen, how to log. Never credentials or upstreams.
-const DEMO_AMBIENT = ['COS_LISTEN_HOST', 'COS_LISTEN_PORT', 'COS_ADMIN_HOST', 'COS_ADMIN_PORT', 'COS_LOG_LEVEL', 'COS_TOKEN_ENCODING', 'COS_MOCK_HOST']
+const DEMO_AMBIENT = ['COS_LISTEN_HOST', 'COS_LISTEN_PORT', 'COS_ADMIN_HOST', 'COS_ADMIN_PORT', 'COS_LOG_LEVEL', 'COS_LOG_FORMAT', 'COS_TOKEN_ENCODING', 'COS_MOCK_HOST']
 
 function pick (env: NodeJS.ProcessEnv, names: string[]): Record<string, string> {
   const out: Record<string, string> = {}

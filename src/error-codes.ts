@@ -1,5 +1,5 @@
 // The one reader of an upstream failure's codes, for the status the client
-// gets (proxy.ts) and the kind the metrics count (metrics.ts).
+// gets (forward-response.ts, retry.ts) and the kind the metrics count (upstream-error-kinds.ts).
 
 /**
  * The `code`s along an error's cause chain, outside in: @fastify/reply-from

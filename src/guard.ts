@@ -3,7 +3,7 @@
 // so whoever can reach it, or trick something into reaching it, acts with
 // those rights: these checks decide who and what gets through.
 import { BlockList, isIPv4, isIPv6 } from 'node:net'
-import type { Config, Route } from './config.js'
+import type { Route } from './route.js'
 
 /** COS_ALLOW_FROM as a BlockList (used as an allow-list). */
 export function allowList (cidrs: readonly string[]): BlockList {
@@ -265,7 +265,14 @@ export interface BrowserPolicy {
   readonly checkHost: boolean
 }
 
-export function browserPolicy (config: Pick<Config, 'allowedOrigins' | 'allowedHosts' | 'listen'>): BrowserPolicy {
+/** COS_ALLOWED_ORIGINS, COS_ALLOWED_HOSTS and COS_LISTEN_HOST, as Config has them. */
+export interface BrowserSettings {
+  readonly allowedOrigins: readonly string[]
+  readonly allowedHosts: readonly string[]
+  readonly listen: { readonly host: string }
+}
+
+export function browserPolicy (config: BrowserSettings): BrowserPolicy {
   return {
     origins: new Set(config.allowedOrigins),
     hosts: new Set(config.allowedHosts),

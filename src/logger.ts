@@ -1,6 +1,7 @@
 import { pino, type DestinationStream, type Logger } from 'pino'
-import type { LogLevel } from './config.js'
+import type { LogFormat, LogLevel } from './config.js'
 import { BatchedStdout } from './log-destination.js'
+import type { LineSink } from './pretty-log.js'
 
 // Defence in depth: the proxy never logs headers, but if anything ever does,
 // these paths are censored. Tokens and the secret have no other way out.
@@ -47,4 +48,15 @@ export function createLogger (level: LogLevel, destination: DestinationStream = 
     formatters: { level: (label: string) => ({ level: label }) },
   }
   return pino(options, destination)
+}
+
+/**
+ * `out` as COS_LOG_FORMAT asks: as it is for json; for pretty, behind the
+ * formatter, imported only then (and coloured only on a terminal that has
+ * not asked for NO_COLOR).
+ */
+export async function inLogFormat (format: LogFormat, out: LineSink): Promise<DestinationStream> {
+  if (format === 'json') return out
+  const { PrettyLines } = await import('./pretty-log.js')
+  return new PrettyLines(out, process.stdout.isTTY && process.env.NO_COLOR === undefined)
 }

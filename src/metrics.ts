@@ -3,11 +3,14 @@
 // (A prom-client child from `.labels()` still builds a label-hash string and
 // validates the labels on every inc/observe: ~1 µs per request for the
 // updates below, against ~40 ns for the cells; see the note on ProxyMetrics.)
-import { collectDefaultMetrics, Counter, Gauge, Registry, type Histogram } from 'prom-client'
+import { collectDefaultMetrics, Counter, Gauge, Registry } from 'prom-client'
 import type { RouteName } from './config.js'
-import { errorCodes } from './error-codes.js'
+import { HistogramCell, registerHistogram, registerSampledGauge } from './metric-exposition.js'
+import type { UpstreamErrorKind } from './upstream-error-kinds.js'
 
-export type UpstreamErrorKind = 'refused' | 'reset' | 'timeout' | 'tls' | 'dns' | 'other'
+export { LATENCY_BUCKETS } from './metric-exposition.js'
+export { classifyUpstreamError, type UpstreamErrorKind } from './upstream-error-kinds.js'
+
 export type ReloadResult = 'applied' | 'unchanged' | 'rejected'
 export type RetryReason = 'connect' | 'unauthorized'
 /** Why a read of a credential file was refused unread (also counted as a `rejected` reload). */
@@ -15,8 +18,6 @@ export type CredentialRefusal = 'not_a_regular_file' | 'too_large' | 'read_timeo
 
 const PREFIX = 'cos_auth_proxy_'
 
-/** Seconds. The proxy adds well under a millisecond; the APIs answer in ms to seconds; 30 s is the default upstream timeout. */
-export const LATENCY_BUCKETS: readonly number[] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30]
 
 // Every label value is from one of these fixed lists, so the number of series
 // is bounded whatever clients send.
@@ -35,23 +36,6 @@ const CREDENTIAL_REFUSALS: readonly CredentialRefusal[] = ['not_a_regular_file',
 function statusClassIndex (status: number): number {
   const i = Math.trunc(status / 100) - 1
   return i >= 0 && i < 4 ? i : 4
-}
-
-/** Bucket counts (not cumulative; the last slot is +Inf), sum and count of one histogram series. */
-class HistogramCell {
-  readonly counts = new Float64Array(LATENCY_BUCKETS.length + 1)
-  sum = 0
-  count = 0
-
-  observe (seconds: number): void {
-    // A NaN or infinite value would poison the sum forever.
-    if (!Number.isFinite(seconds)) return
-    let i = 0
-    while (i < LATENCY_BUCKETS.length && seconds > (LATENCY_BUCKETS[i] as number)) i++
-    this.counts[i] = (this.counts[i] as number) + 1
-    this.sum += seconds
-    this.count++
-  }
 }
 
 /** Everything counted per route, allocated once. */
@@ -204,6 +188,12 @@ export class ProxyMetrics {
  * (except the small fixed sets a dashboard wants to see at 0).
  */
 function registerExporters (registry: Registry, cells: readonly RouteCells[], n: Scalars): void {
+  registerRouteExporters(registry, cells)
+  registerProcessExporters(registry, n)
+}
+
+/** What is counted per route: requests, their durations, upstream failures and retries. */
+function registerRouteExporters (registry: Registry, cells: readonly RouteCells[]): void {
   const registers = [registry]
   new Counter({
     name: `${PREFIX}requests_total`,
@@ -263,6 +253,11 @@ function registerExporters (registry: Registry, cells: readonly RouteCells[], n:
       for (const c of cells) if (c.responseFailures > 0) this.inc({ route: c.route }, c.responseFailures)
     },
   })
+}
+
+/** What is counted for the process: tokens, credential reads, the upstream clock, readiness, requests in flight. */
+function registerProcessExporters (registry: Registry, n: Scalars): void {
+  const registers = [registry]
   new Counter({
     name: `${PREFIX}tokens_minted_total`,
     help: 'Bearer tokens signed.',
@@ -310,107 +305,4 @@ function registerExporters (registry: Registry, cells: readonly RouteCells[], n:
     registers,
     collect () { this.set(n.inFlight) },
   })
-}
-
-/**
- * A gauge with no series until its first value (prom-client's label-less
- * Gauge always shows one, 0 before anything is set: for a clock skew, a
- * claim that the clocks agree).
- */
-function registerSampledGauge (registry: Registry, name: string, help: string, read: () => number): void {
-  registerMetric(registry, name, help, 'gauge', () => {
-    const value = read()
-    return Number.isNaN(value) ? [] : [{ metricName: name, labels: {}, value }]
-  })
-}
-
-type Sample = { readonly metricName: string, readonly labels: Readonly<Record<string, string | number>>, readonly value: number }
-
-/**
- * A metric whose samples are computed at scrape time from state kept
- * elsewhere, registered as a plain object with the `get()` shape the Registry
- * reads (the same one prom-client's own metrics return).
- */
-function registerMetric (registry: Registry, name: string, help: string, type: 'gauge' | 'histogram', samples: () => Sample[]): void {
-  const metric = {
-    name,
-    help,
-    type,
-    aggregator: 'sum',
-    // The state lives elsewhere; Registry.resetMetrics() leaves it alone.
-    reset (): void { /* nothing to reset here */ },
-    get (): Promise<{ name: string, help: string, type: string, aggregator: string, values: Sample[] }> {
-      return Promise.resolve({ name, help, type, aggregator: 'sum', values: samples() })
-    },
-  }
-  // registerMetric is typed for prom-client's own classes only; the Registry
-  // itself reads name, get() and reset() (lib/registry.js).
-  registry.registerMetric(metric as unknown as Histogram)
-}
-
-/** prom-client's Histogram has no way to load bucket counts kept elsewhere. */
-function registerHistogram (registry: Registry, name: string, help: string, cells: readonly RouteCells[], pick: (c: RouteCells) => HistogramCell): void {
-  registerMetric(registry, name, help, 'histogram', () => {
-    const values: Sample[] = []
-    for (const c of cells) {
-      const h = pick(c)
-      if (h.count === 0) continue
-      let cumulative = 0
-      LATENCY_BUCKETS.forEach((le, i) => {
-        cumulative += h.counts[i] as number
-        values.push({ metricName: `${name}_bucket`, labels: { route: c.route, le }, value: cumulative })
-      })
-      values.push(
-        { metricName: `${name}_bucket`, labels: { route: c.route, le: '+Inf' }, value: h.count },
-        { metricName: `${name}_sum`, labels: { route: c.route }, value: h.sum },
-        { metricName: `${name}_count`, labels: { route: c.route }, value: h.count },
-      )
-    }
-    return values
-  })
-}
-
-// ── upstream error classification ────────────────────────────────────────────
-
-const CODE_KINDS: ReadonlyMap<string, UpstreamErrorKind> = new Map<string, UpstreamErrorKind>([
-  ['ECONNREFUSED', 'refused'],
-  ['ECONNRESET', 'reset'],
-  ['EPIPE', 'reset'],
-  ['ECONNABORTED', 'reset'],
-  ['UND_ERR_SOCKET', 'reset'],
-  ['UND_ERR_CLOSED', 'reset'],
-  ['ETIMEDOUT', 'timeout'],
-  ['UND_ERR_CONNECT_TIMEOUT', 'timeout'],
-  ['UND_ERR_HEADERS_TIMEOUT', 'timeout'],
-  ['UND_ERR_BODY_TIMEOUT', 'timeout'],
-  ['FST_REPLY_FROM_GATEWAY_TIMEOUT', 'timeout'],
-  ['FST_REPLY_FROM_TIMEOUT', 'timeout'],
-  ['FST_REPLY_FROM_HTTP_REQUEST_TIMEOUT', 'timeout'],
-  ['ENOTFOUND', 'dns'],
-  ['EAI_AGAIN', 'dns'],
-  ['EAI_FAIL', 'dns'],
-  ['EAI_NONAME', 'dns'],
-  // OpenSSL's certificate-verification codes that have no common prefix below.
-  ['DEPTH_ZERO_SELF_SIGNED_CERT', 'tls'],
-  ['SELF_SIGNED_CERT_IN_CHAIN', 'tls'],
-  ['HOSTNAME_MISMATCH', 'tls'],
-  ['INVALID_CA', 'tls'],
-  ['INVALID_PURPOSE', 'tls'],
-  ['PATH_LENGTH_EXCEEDED', 'tls'],
-  // Handshake failures (e.g. TLS to a plain-HTTP port) surface as EPROTO.
-  ['EPROTO', 'tls'],
-])
-const TLS_PREFIXES = ['ERR_TLS_', 'ERR_SSL_', 'CERT_', 'CRL_', 'UNABLE_TO_', 'ERROR_IN_CERT_', 'ERROR_IN_CRL_']
-
-function kindOfCode (code: string): UpstreamErrorKind | undefined {
-  return CODE_KINDS.get(code) ?? (TLS_PREFIXES.some(p => code.startsWith(p)) ? 'tls' : undefined)
-}
-
-/** Classify an error from undici or @fastify/reply-from: the first code on its chain that means something wins. */
-export function classifyUpstreamError (err: Error): UpstreamErrorKind {
-  for (const code of errorCodes(err)) {
-    const kind = kindOfCode(code)
-    if (kind !== undefined) return kind
-  }
-  return 'other'
 }

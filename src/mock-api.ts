@@ -85,7 +85,14 @@ function errorBody (code: string, message: string): { error: { code: string, mes
   return { error: { code, message } }
 }
 
-export function buildMockApi (opts: MockApiOptions): FastifyInstance {
+interface TokenCheck {
+  /** The clock the check and the Date header read. */
+  readonly now: () => bigint
+  readonly authenticate: (header: string | undefined) => AuthFailure | undefined
+}
+
+/** The mock's token check, with its replay cache; TypeError for options out of range. */
+function tokenCheck (opts: MockApiOptions): TokenCheck {
   const maxSkewMs = opts.maxSkewMs ?? DEFAULT_MAX_SKEW_MS
   const maxNonces = opts.maxNonces ?? DEFAULT_MAX_NONCES
   if (opts.accessKey === '') throw new TypeError('accessKey must not be empty')
@@ -115,6 +122,11 @@ export function buildMockApi (opts: MockApiOptions): FastifyInstance {
     }
     return undefined
   }
+  return { now, authenticate }
+}
+
+export function buildMockApi (opts: MockApiOptions): FastifyInstance {
+  const { now, authenticate } = tokenCheck(opts)
 
   /** True when the request may go on; otherwise it has been answered 401. */
   function admit (request: FastifyRequest, reply: FastifyReply): boolean {
@@ -146,6 +158,12 @@ export function buildMockApi (opts: MockApiOptions): FastifyInstance {
   app.removeAllContentTypeParsers()
   app.addContentTypeParser('*', (_request, payload, done) => { done(null, payload) })
 
+  registerSampleRoutes(app)
+  return app
+}
+
+/** The sample routes, /echo, and the JSON error shape for everything else. */
+function registerSampleRoutes (app: FastifyInstance): void {
   app.setNotFoundHandler((request, reply) => {
     const path = (request.raw.url ?? '').split('?', 1)[0] ?? ''
     return reply.code(404).send(errorBody('not_found', `no route for ${request.method} ${path}`))
@@ -163,8 +181,6 @@ export function buildMockApi (opts: MockApiOptions): FastifyInstance {
   app.get('/optimize/v1/workloads/recommendations', () => ({ items: RECOMMENDATIONS, nextPageToken: null }))
   app.all('/echo', echo)
   app.all('/echo/*', echo)
-
-  return app
 }
 
 interface EchoDocument {

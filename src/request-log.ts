@@ -57,7 +57,7 @@ export class RequestLog extends LogController {
       request.log.error({ err: failure }, 'the response could not be written: its connection was closed')
     }
     // A reply the proxy itself took over (a request dropped behind a refusal,
-    // server.ts) keeps the status it was given: no client closed that one.
+    // connection-refusals.ts) keeps the status it was given: no client closed that one.
     const status = aborted && !reply.raw.headersSent && !reply.sent ? CLIENT_CLOSED_REQUEST : reply.statusCode
     const elapsedMs = reply.elapsedTime
     // eslint-disable-next-line @typescript-eslint/no-unnecessary-condition -- undefined on requests no proxy route handled

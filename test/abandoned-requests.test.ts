@@ -7,7 +7,7 @@ import { CredentialStore, readPair } from '../src/credentials.js'
 import { createLogger } from '../src/logger.js'
 import { ProxyMetrics, classifyUpstreamError } from '../src/metrics.js'
 import { RequestLog } from '../src/request-log.js'
-import { buildProxyServer, upstreamsFor } from '../src/server.js'
+import { buildProxyServer, upstreamsFor } from '../src/proxy-server.js'
 import type { SwappableDispatcher } from '../src/upstream.js'
 import { LogCapture, send, stallingUpstream, streamForever, testConfig } from './helpers.js'
 
@@ -99,7 +99,7 @@ const DEPARTURES: readonly Departure[] = [
     ready: received => until('the stream to reach the client', () => received().includes('data:')),
   },
   {
-    // Small bodies of a declared length are collected before the answer goes out (proxy.ts onResponse).
+    // Small bodies of a declared length are collected before the answer goes out (forward-response.ts).
     when: 'while the proxy collects a small response body',
     request: GET,
     answer: socket => {

@@ -15,7 +15,7 @@ import { loadConfig } from '../src/config.js'
 import { CredentialWatcher } from '../src/credential-watcher.js'
 import { CredentialStore, readPair } from '../src/credentials.js'
 import { createLogger } from '../src/logger.js'
-import { buildProxyServer } from '../src/server.js'
+import { buildProxyServer } from '../src/proxy-server.js'
 import { LogCapture, secretForms, send, startUpstream, tokenForms, until } from './helpers.js'
 
 const INTERVAL_MS = 300

@@ -177,7 +177,7 @@ async function loaded (t: Test, args: string[], until?: RegExp): Promise<string[
 const packageOf = (url: string): string | undefined => /\/node_modules\/((?:@[^/]+\/)?[^/]+)\//.exec(url)?.[1]
 const moduleOf = (url: string): string | undefined => /\/dist\/([^/]+)\.js$/.exec(url)?.[1]
 
-t.test('subcommands load only what they use: token, verify, config and wait start no fastify, undici, pino or prom-client; mock-api no proxy; serve no mock-api', async t => {
+t.test('subcommands load only what they use: token, verify, config and wait start no fastify, undici, pino or prom-client; mock-api no proxy; serve no mock-api and, with JSON logs, no pretty-printer', async t => {
   const heavy = ['fastify', 'undici', 'pino', 'prom-client', '@fastify/http-proxy']
   const commands: [args: string[], until: RegExp | undefined, loads: string[], notLoaded: string[]][] = [
     [['token'], undefined, ['config', 'token'], heavy],
@@ -185,7 +185,7 @@ t.test('subcommands load only what they use: token, verify, config and wait star
     [['config'], undefined, ['config', 'env-schema'], heavy],
     [['wait', '--timeout', '0.1'], undefined, ['config'], heavy],
     [['mock-api', '--port', '0'], /mock COS API listening/, ['mock-api', 'fastify', 'pino'], ['undici', 'prom-client', '@fastify/http-proxy', 'server', 'proxy']],
-    [['serve'], /cos-auth-proxy listening/, ['server', 'fastify', 'undici', 'prom-client'], ['mock-api']],
+    [['serve'], /cos-auth-proxy listening/, ['server', 'fastify', 'undici', 'prom-client'], ['mock-api', 'pretty-log']],
   ]
   for (const [args, until, loads, notLoaded] of commands) {
     const urls = await loaded(t, args, until)

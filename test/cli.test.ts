@@ -75,6 +75,8 @@ t.test('a bad config exits 78 with one line naming the variable', async t => {
     [['config'], { ...CREDS, COS_API_URL: 'http://127.0.0.1:1', COS_TOKEN_ENCODING: 'hex' }, /COS_TOKEN_ENCODING/],
     [['serve'], { ...CREDS, COS_API_URL: 'http://127.0.0.1:1', COS_CLOCK_SKEW_CORRECTION: 'yes' }, /^cos-auth-proxy: config: COS_CLOCK_SKEW_CORRECTION must be true or false \(got "yes"\)$/m],
     [['token'], { COS_ACCESS_KEY_SECRET: SECRET }, /COS_ACCESS_KEY_FILE/],
+    [['serve'], { ...CREDS, COS_API_URL: 'http://127.0.0.1:1', COS_LOG_FORMAT: 'text' }, /^cos-auth-proxy: config: COS_LOG_FORMAT must be one of json, pretty/m],
+    [['demo'], { COS_LOG_FORMAT: 'colour' }, /COS_LOG_FORMAT/],
     // Contradictory timeouts: Node's RangeError (exit 1) before the check at load.
     [['serve'], { ...CREDS, COS_API_URL: 'http://127.0.0.1:1', COS_REQUEST_TIMEOUT_MS: '5000' }, /^cos-auth-proxy: config: COS_REQUEST_TIMEOUT_MS .*COS_HEADERS_TIMEOUT_MS/],
     [['serve'], { ...CREDS, COS_API_URL: 'https://api.example.com', HTTPS_PROXY: `socks5://user:${encodeURIComponent(SECRET)}@proxy.example.com:1080` }, /HTTPS_PROXY must be an http:\/\/ or https:\/\/ proxy URL \(got "socks5"\)$/m],
@@ -114,6 +116,25 @@ t.test('serve: logs the bound address, forwards with a token, exits 0 on SIGTERM
   t.notOk(daemon.stdout().includes(SECRET))
 })
 
+// One readable line per event: time, level, message, then key=value.
+const PRETTY_LINE = /^\d\d:\d\d:\d\d\.\d{3} (FATAL|ERROR|WARN |INFO |DEBUG|TRACE) \S/
+
+t.test('serve with COS_LOG_FORMAT=pretty writes one readable line per event, and no secret', async t => {
+  const up = await startUpstream()
+  t.teardown(() => up.close())
+  const { daemon, match } = await start(['serve'], { ...CREDS, COS_API_URL: up.url, COS_LISTEN_PORT: '0', COS_LOG_FORMAT: 'pretty' }, / port=(\d+)[^\n]*/)
+  const res = await send(`http://127.0.0.1:${match[1] ?? ''}/hello`)
+  t.equal(res.status, 200)
+  daemon.child.kill('SIGTERM')
+  t.equal(await daemon.exited, 0)
+  const lines = daemon.stdout().split('\n').filter(l => l !== '')
+  t.ok(lines.length >= 4, `${lines.length} lines`)
+  for (const line of lines) t.match(line, PRETTY_LINE, line)
+  t.ok(lines.some(l => /^\S+ INFO {2}cos-auth-proxy listening address=127\.0\.0\.1 port=\d+ /.test(l)), 'the start line')
+  t.ok(lines.some(l => /INFO {2}request .*status=200/.test(l)), 'the request line')
+  t.notOk(daemon.stdout().includes(SECRET))
+})
+
 t.test('mock-api verifies tokens minted by the token command', async t => {
   const { daemon, match } = await start(['mock-api', '--port', '0'], CREDS, /"port":(\d+)[^\n]*mock COS API listening/)
   t.teardown(() => daemon.child.kill('SIGKILL'))
@@ -142,4 +163,7 @@ t.test('demo needs no configuration and serves the sample routes through the pro
   t.match(daemon.stderr(), /curl -s http:\/\/127\.0\.0\.1:\d+\/management\/v1\/clusters/)
   daemon.child.kill('SIGINT')
   t.equal(await daemon.exited, 0)
+  const lines = daemon.stdout().split('\n').filter(l => l !== '')
+  t.ok(lines.some(l => /INFO {2}request .*status=200/.test(l)), 'a person reads the demo: pretty lines by default')
+  t.notOk(lines.some(l => l.startsWith('{')), 'no JSON lines')
 })

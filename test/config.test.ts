@@ -30,9 +30,15 @@ t.test('defaults', async t => {
   t.equal(c.connectTimeoutMs, 5000)
   t.equal(c.upstreamMaxConnections, 256, 'upstream sockets per origin are bounded by default')
   t.equal(c.logLevel, 'info')
+  t.equal(c.logFormat, 'json', 'JSON log lines unless COS_LOG_FORMAT asks for pretty')
   t.same(c.routes.map(r => r.name), ['api'])
   t.equal(c.clockSkewCorrection, false, 'clock skew correction off')
   t.ok(Object.isFrozen(c), 'frozen')
+})
+
+t.test('COS_LOG_FORMAT: json or pretty', async t => {
+  t.equal(load({ ...base, COS_LOG_FORMAT: 'pretty' }).logFormat, 'pretty')
+  t.equal(load({ ...base, COS_LOG_FORMAT: 'json' }).logFormat, 'json')
 })
 
 t.test('routes: prefixes, base paths, trailing slashes', async t => {
@@ -68,6 +74,8 @@ t.test('each bad value exits with a line naming the variable', async t => {
     [{ ...base, COS_UPSTREAM_TIMEOUT_MS: '0' }, 'COS_UPSTREAM_TIMEOUT_MS', /milliseconds/],
     [{ ...base, COS_CONNECT_TIMEOUT_MS: '1.5' }, 'COS_CONNECT_TIMEOUT_MS', /milliseconds/],
     [{ ...base, COS_LOG_LEVEL: 'verbose' }, 'COS_LOG_LEVEL', /info/],
+    [{ ...base, COS_LOG_FORMAT: 'text' }, 'COS_LOG_FORMAT', /must be one of json, pretty/],
+    [{ ...base, COS_LOG_FORMAT: 'PRETTY' }, 'COS_LOG_FORMAT', /must be one of json, pretty/],
     [{ COS_ACCESS_KEY: 'ak', COS_ACCESS_KEY_SECRET: SECRET }, 'COS_API_URL', /required/],
     [{ COS_API_URL: 'https://a.example.com', COS_ACCESS_KEY_SECRET: SECRET }, 'COS_ACCESS_KEY_FILE', /COS_ACCESS_KEY\) is required/],
     [{ COS_API_URL: 'https://a.example.com', COS_ACCESS_KEY: 'ak' }, 'COS_ACCESS_KEY_SECRET_FILE', /required/],

@@ -1,6 +1,6 @@
 import t from 'tap'
 import { errorCodes, hasErrorCode } from '../src/error-codes.js'
-import { upstreamErrorStatus } from '../src/proxy.js'
+import { upstreamErrorStatus } from '../src/forward-response.js'
 
 const coded = (code: string | undefined, cause?: unknown): Error => Object.assign(new Error(code ?? 'no code', cause === undefined ? {} : { cause }), code === undefined ? {} : { code })
 

@@ -11,7 +11,7 @@ import { CredentialStore, readPair } from '../src/credentials.js'
 import { createLogger } from '../src/logger.js'
 import type { ProxyObserver } from '../src/proxy.js'
 import type { RequestObserver } from '../src/request-log.js'
-import { buildProxyServer } from '../src/server.js'
+import { buildProxyServer } from '../src/proxy-server.js'
 import { parseToken, queryEscape } from '../src/token.js'
 
 export const ACCESS_KEY = 'AKIDTEST'

@@ -7,7 +7,7 @@ import { createServer as createNetServer, type Socket } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import t from 'tap'
-import { upstreamErrorStatus } from '../src/proxy.js'
+import { upstreamErrorStatus } from '../src/forward-response.js'
 import { freePort, json, listenOnLoopback, send, startProxy, startUpstream } from './helpers.js'
 
 /** A TCP server that does `onSocket` with every connection, and tracks them for teardown. */

@@ -4,7 +4,7 @@ import { copyFileSync } from 'node:fs'
 import { join } from 'node:path'
 import t from 'tap'
 import { createLogger } from '../src/logger.js'
-import { upstreamsFor } from '../src/server.js'
+import { upstreamsFor } from '../src/proxy-server.js'
 import { stallingUpstream, testConfig } from './helpers.js'
 import { makePki } from './tls-fixtures.js'
 

@@ -3,7 +3,7 @@
 import { ServerResponse, type OutgoingHttpHeader, type OutgoingHttpHeaders } from 'node:http'
 import t from 'tap'
 import { ProxyMetrics } from '../src/metrics.js'
-import { metricsObserver } from '../src/server.js'
+import { metricsObserver } from '../src/proxy-server.js'
 import { send, startProxy } from './helpers.js'
 import {
   TRAILER_PROBES, answerDeclaringTrailers, errorOf, headerNames, pathOf, rawRequest, startRawUpstream,

@@ -3,7 +3,7 @@
 // and the upstream settings handed to every sidecar it injects. Errors are
 // ConfigError: exit 78 with one line naming the variable.
 import { readFileSync } from 'node:fs'
-import { ConfigError, loadConfig, type LogLevel } from '../config.js'
+import { ConfigError, loadConfig, type LogFormat, type LogLevel } from '../config.js'
 import type { InjectSettings } from './patch.js'
 import type { EnvVar } from './sidecar.js'
 
@@ -40,6 +40,8 @@ export interface InjectConfig {
   readonly tls: { readonly certFile: string, readonly keyFile: string }
   readonly admin: { readonly host: string, readonly port: number, readonly maxConnections: number }
   readonly logLevel: LogLevel
+  /** The webhook's own lines (COS_LOG_FORMAT); injected sidecars log JSON. */
+  readonly logFormat: LogFormat
   readonly shutdownDelayMs: number
   readonly shutdownTimeoutMs: number
   readonly settings: InjectSettings
@@ -104,6 +106,7 @@ export function loadInjectConfig (env: NodeJS.ProcessEnv = process.env): InjectC
     tls: { certFile, keyFile },
     admin: proxy.admin,
     logLevel: proxy.logLevel,
+    logFormat: proxy.logFormat,
     shutdownDelayMs: proxy.shutdownDelayMs,
     shutdownTimeoutMs: proxy.shutdownTimeoutMs,
     settings: {

@@ -3,10 +3,10 @@
 // for COS_SHUTDOWN_DELAY_MS (the API server still has this pod as an
 // endpoint), stop accepting, give reviews in flight COS_SHUTDOWN_TIMEOUT_MS.
 import type { AddressInfo } from 'node:net'
-import { setTimeout as sleep } from 'node:timers/promises'
 import type { Logger } from 'pino'
 import { buildAdminServer, listenWithAdmin, type Readiness } from '../admin.js'
-import { createLogger, stdoutDestination } from '../logger.js'
+import { drain } from '../drain.js'
+import { createLogger, inLogFormat, stdoutDestination } from '../logger.js'
 import { loadInjectConfig, type InjectConfig } from './config.js'
 import { InjectMetrics } from './metrics.js'
 import { buildWebhookServer } from './server.js'
@@ -30,23 +30,19 @@ export async function startWebhook (config: InjectConfig, logger: Logger): Promi
     return { ready: true }
   }
   let stopping: Promise<void> | undefined
-  const drain = async (cause: string): Promise<void> => {
+  const drainWebhook = (cause: string): Promise<void> => {
     draining = true
-    logger.info({ cause, delayMs: config.shutdownDelayMs, timeoutMs: config.shutdownTimeoutMs }, 'draining: readiness is now 503')
-    if (config.shutdownDelayMs > 0) await sleep(config.shutdownDelayMs)
-    const cut = setTimeout(() => {
-      logger.warn('shutdown timeout reached: cutting the reviews still in flight')
-      app.server.closeAllConnections()
-    }, config.shutdownTimeoutMs)
-    const reap = setInterval(() => app.server.closeIdleConnections(), 50)
-    await app.close()
-    clearInterval(reap)
-    clearTimeout(cut)
-    await admin.close()
-    logger.info('stopped')
+    return drain(app, config, logger, {
+      cause,
+      onTimeout: () => {
+        logger.warn('shutdown timeout reached: cutting the reviews still in flight')
+        app.server.closeAllConnections()
+      },
+      afterClose: async () => { await admin.close() },
+    })
   }
   const stop = (cause: string): Promise<void> => {
-    stopping ??= drain(cause)
+    stopping ??= drainWebhook(cause)
     return stopping
   }
   const admin = buildAdminServer({ metrics, readiness, onQuit: () => { void stop('quitquitquit') }, logger, limits: { maxConnections: config.admin.maxConnections } })
@@ -65,7 +61,7 @@ export async function startWebhook (config: InjectConfig, logger: Logger): Promi
 /** The `inject` command: ConfigError propagates (exit 78 in cli.ts). */
 export async function runInject (): Promise<void> {
   const config = loadInjectConfig()
-  const logger = createLogger(config.logLevel, stdoutDestination())
+  const logger = createLogger(config.logLevel, await inLogFormat(config.logFormat, stdoutDestination()))
   const webhook = await startWebhook(config, logger)
   let signalled = false
   const onSignal = (signal: string): void => {

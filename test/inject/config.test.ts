@@ -25,6 +25,14 @@ t.test('defaults: 0.0.0.0:8443, native sidecars, no default Secret', async t => 
   t.same(c.settings.upstreamEnv, [{ name: 'COS_API_URL', value: 'https://api.cos.example.com' }])
 })
 
+t.test('COS_LOG_FORMAT sets the webhook\'s own lines (JSON by default) and is not handed to the sidecars, whose lines a collector reads', async t => {
+  t.equal(loadInjectConfig(BASE).logFormat, 'json')
+  const c = loadInjectConfig({ ...BASE, COS_LOG_FORMAT: 'pretty' })
+  t.equal(c.logFormat, 'pretty')
+  t.notOk([...c.settings.upstreamEnv, ...c.settings.extraEnv].some(e => e.name === 'COS_LOG_FORMAT'), 'not passed through')
+  t.throws(() => loadInjectConfig({ ...BASE, COS_LOG_FORMAT: 'text' }), { name: 'ConfigError', variable: 'COS_LOG_FORMAT' })
+})
+
 t.test('the upstream settings are handed to the sidecars; the webhook\'s egress proxy and TLS files are not', async t => {
   const c = loadInjectConfig({
     ...BASE,

@@ -9,7 +9,7 @@ import { buildAdminServer, isLoopbackPeer } from '../../src/admin.js'
 import { ProxyMetrics } from '../../src/metrics.js'
 import { CredentialStore, readPair } from '../../src/credentials.js'
 import { createLogger } from '../../src/logger.js'
-import { buildProxyServer } from '../../src/server.js'
+import { buildProxyServer } from '../../src/proxy-server.js'
 import { LogCapture, listenOnLoopback, startProxy, testConfig } from '../helpers.js'
 import { errorOf, get, rawRequest, startCountingUpstream, type CountingUpstream } from './raw.js'
 

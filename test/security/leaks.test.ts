@@ -7,13 +7,14 @@ import { randomBytes } from 'node:crypto'
 import { createServer, type AddressInfo } from 'node:net'
 import { inspect } from 'node:util'
 import t from 'tap'
-import { ConfigError, describeConfig, loadConfig } from '../../src/config.js'
+import { ConfigError, LOG_FORMATS, describeConfig, loadConfig } from '../../src/config.js'
 import { CredentialStore, readPair } from '../../src/credentials.js'
-import { createLogger } from '../../src/logger.js'
+import { createLogger, inLogFormat } from '../../src/logger.js'
 import { ProxyMetrics, classifyUpstreamError } from '../../src/metrics.js'
+import { PrettyLines } from '../../src/pretty-log.js'
 import { RequestLog } from '../../src/request-log.js'
 import { Secret } from '../../src/secret.js'
-import { buildProxyServer } from '../../src/server.js'
+import { buildProxyServer } from '../../src/proxy-server.js'
 import { ACCESS_KEY, LogCapture, SECRET, listenOnLoopback, secretForms, testConfig, tokenForms } from '../helpers.js'
 import { get, headerNames, rawRequest, startCountingUpstream, type RawResult } from './raw.js'
 
@@ -24,7 +25,7 @@ async function closedPort (): Promise<number> {
   return port
 }
 
-t.test('at trace level, across every kind of request, no secret, token, signature or nonce leaves the proxy', async t => {
+t.test('at trace level, across every kind of request, no secret, token, signature or nonce leaves the proxy, in JSON or pretty logs', async t => {
   const recorder = await startCountingUpstream((_req, res) => {
     res.setHeader('content-type', 'application/json')
     res.end('{"ok":true}')
@@ -48,6 +49,10 @@ t.test('at trace level, across every kind of request, no secret, token, signatur
   if (!pair.ok) throw new Error(pair.problem)
   const credentials = new CredentialStore(pair.minter)
   const logs = new LogCapture()
+  // COS_LOG_FORMAT=pretty formats the very lines the JSON form writes: both are kept and searched.
+  const prettyLogs = new LogCapture()
+  const pretty = new PrettyLines(prettyLogs)
+  const bothForms = { write: (line: string) => { logs.write(line); pretty.write(line) } }
   const metrics = new ProxyMetrics()
   const observer = {
     requestStarted: () => { metrics.requestStarted() },
@@ -56,7 +61,7 @@ t.test('at trace level, across every kind of request, no secret, token, signatur
     retried: (route: string, reason: 'connect' | 'unauthorized') => { metrics.retried(route, reason) },
     tokenMinted: () => { metrics.tokenMinted() },
   }
-  const app = await buildProxyServer({ config, credentials, logger: createLogger('trace', logs), observer, requestLog: new RequestLog(observer) })
+  const app = await buildProxyServer({ config, credentials, logger: createLogger('trace', bothForms), observer, requestLog: new RequestLog(observer) })
   await app.listen({ host: '127.0.0.1', port: 0 })
   const { port } = app.server.address() as AddressInfo
   t.teardown(async () => { await app.close(); await recorder.close(); await hanging.close() })
@@ -121,7 +126,8 @@ t.test('at trace level, across every kind of request, no secret, token, signatur
   t.match(responses, /HTTP\/1\.1 504 /, 'the hanging upstream gave a 504')
   t.match(responses, /HTTP\/1\.1 502 /, 'the refused upstream gave a 502')
 
-  const places: [string, string][] = [['logs', text], ['responses to clients', responses], ['metrics', exposition]]
+  t.equal(prettyLogs.lines.length, logs.lines.length, 'pretty: one line per event')
+  const places: [string, string][] = [['logs', text], ['pretty logs', prettyLogs.text], ['responses to clients', responses], ['metrics', exposition]]
   for (const [where, haystack] of places) {
     for (const form of secretForms(SECRET)) t.notOk(haystack.includes(form), `${where}: the secret (${form}) is absent`)
     t.notOk(haystack.includes('client-supplied-token-value'), `${where}: the client's Authorization is absent`)
@@ -162,14 +168,18 @@ t.test('objects that hold the secret print nothing of it', async t => {
   t.notOk(describeConfig(config).includes(SECRET), 'describeConfig')
   t.equal(String(secret), '[redacted]')
   t.equal(secret.toString(), '[redacted]')
-  // a logger handed the objects directly
-  const logs = new LogCapture()
-  const logger = createLogger('trace', logs)
-  logger.trace({ config, pair, store, secret, credentials: config.credentials }, 'objects')
-  logger.info({ secret: SECRET, token: 'tok', authorization: 'Bearer x', headers: { authorization: 'Bearer y' } }, 'redaction paths')
-  logger.flush()
-  await new Promise(resolve => setTimeout(resolve, 50))
-  for (const form of secretForms(SECRET)) t.notOk(logs.text.includes(form), `logger: ${form} absent`)
+  // a logger handed the objects directly, in either COS_LOG_FORMAT
+  for (const format of LOG_FORMATS) {
+    const logs = new LogCapture()
+    const logger = createLogger('trace', await inLogFormat(format, logs))
+    logger.trace({ config, pair, store, secret, credentials: config.credentials }, 'objects')
+    logger.info({ secret: SECRET, token: 'minted-token-value', authorization: 'Bearer auth-value-x', headers: { authorization: 'Bearer auth-value-y' } }, 'redaction paths')
+    logger.flush()
+    await new Promise(resolve => setTimeout(resolve, 50))
+    t.equal(logs.lines.length, 2, `${format}: both lines written`)
+    for (const form of secretForms(SECRET)) t.notOk(logs.text.includes(form), `${format} logger: ${form} absent`)
+    for (const value of ['minted-token-value', 'auth-value-x', 'auth-value-y']) t.notOk(logs.text.includes(value), `${format} logger: ${value} redacted`)
+  }
 })
 
 t.test('configuration and credential errors never quote the secret or a URL password', async t => {

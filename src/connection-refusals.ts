@@ -1,0 +1,141 @@
+// Connection-level refusals: what Node's parser rejects (bad framing,
+// unknown methods, oversized headers, slow senders) and CONNECT, answered on
+// the raw socket in the proxy's JSON error shape, and the condemnation of a
+// connection after a refusal, so nothing pipelined behind it is forwarded.
+import type { IncomingMessage, ServerResponse } from 'node:http'
+import type { Duplex } from 'node:stream'
+import type { FastifyReply } from 'fastify'
+import type { WithPendingResponse } from './connections.js'
+import { ALLOW, notForwarded } from './request-guard.js'
+
+const CLIENT_ERRORS: Readonly<Record<string, readonly [number, string, string]>> = {
+  HPE_HEADER_OVERFLOW: [431, 'request_header_fields_too_large', 'the request headers exceed 16 KiB'],
+  ERR_HTTP_REQUEST_TIMEOUT: [408, 'request_timeout', 'the request was not received in time'],
+  ERR_HTTP_HEADERS_TIMEOUT: [408, 'request_timeout', 'the request headers were not received in time'],
+}
+
+function writeRawError (socket: Duplex, status: number, code: string, message: string, headers = ''): void {
+  if (socket.writable) {
+    const body = JSON.stringify({ error: { code, message } })
+    socket.write(`HTTP/1.1 ${status} ${STATUS_CODES_TEXT[status] ?? 'Error'}\r\ncontent-type: application/json; charset=utf-8\r\ncontent-length: ${Buffer.byteLength(body)}\r\n${headers}connection: close\r\n\r\n${body}`)
+  }
+  socket.destroy()
+}
+
+const STATUS_CODES_TEXT: Readonly<Record<number, string>> = { 400: 'Bad Request', 405: 'Method Not Allowed', 408: 'Request Timeout', 431: 'Request Header Fields Too Large' }
+
+/**
+ * Connections on which nothing more is forwarded: a request on them was
+ * refused (the refusal says `connection: close`), could not be parsed, or
+ * was CONNECT. Node parses ahead and hands over every request it finds
+ * while earlier answers are still pending, queueing their responses; the
+ * ones behind a refusal would run upstream (a POST nobody receives the
+ * answer to, so a retry duplicates it) and their answers never be written.
+ * The value: the responses dropped so far (see droppedBehindRefusal).
+ */
+const condemned = new WeakMap<Duplex, ServerResponse[]>()
+
+// A client that pipelines this many requests behind a refused one is cut
+// off: each dropped request is held until the connection closes.
+const MAX_DROPPED = 100
+
+/** Marks the connection; false when it already was. */
+export function condemn (socket: Duplex): boolean {
+  if (condemned.has(socket)) return false
+  const dropped: ServerResponse[] = []
+  condemned.set(socket, dropped)
+  // Node closes only the response that holds the socket: the dropped ones
+  // are closed with the connection, which writes their log lines and
+  // settles the in-flight gauge.
+  socket.once('close', () => { for (const res of dropped) res.emit('close') })
+  return true
+}
+
+/**
+ * Drops a request parsed behind the refusal that closes its connection:
+ * not forwarded and not answered (its answer would queue behind the
+ * refusal, and the connection closes once that is written). Logged as 400.
+ * False when the connection is not condemned.
+ */
+export function droppedBehindRefusal (reply: FastifyReply): boolean {
+  const socket = reply.request.raw.socket
+  const dropped = condemned.get(socket)
+  if (dropped === undefined) return false
+  reply.code(400)
+  reply.hijack()
+  const res = reply.raw
+  // Holding the socket means nothing is queued ahead: the refusal is out, only the close is left.
+  if (res.socket !== null || dropped.push(res) > MAX_DROPPED) socket.destroy()
+  return true
+}
+
+/**
+ * Runs `answer` (which writes and closes) once the responses owed to the
+ * requests before the faulty one on this connection are written, so those
+ * arrive whole and in order and the error comes last. When the response in
+ * progress answers the very request at fault (an error in its body) it is
+ * answered now, or, if that response has begun, the connection is only
+ * closed: an error written into it would be misread.
+ */
+function afterOwedResponses (socket: Duplex, answer: () => void): void {
+  const pending = (socket as WithPendingResponse<Duplex>)._httpMessage
+  if (pending == null) answer()
+  else if (pending.req.complete) pending.once('finish', () => { afterOwedResponses(socket, answer) })
+  else if (pending.headersSent) socket.destroy()
+  else answer()
+}
+
+type ParseError = Error & { code?: string, rawPacket?: unknown, bytesParsed?: unknown }
+
+function isTokenByte (b: number | undefined): boolean {
+  return b !== undefined && b > 0x20 && b < 0x7f && !'"(),/:;<=>?@[\\]{}'.includes(String.fromCharCode(b))
+}
+
+/**
+ * The method Node's parser did not know (`FOO /x HTTP/1.1`), read around the
+ * byte it stopped at; undefined when no method-like token followed by a space
+ * is there (then the request is plain garbage, 400). The name itself is
+ * given only when it starts a line: a method cut in two by a TCP segment
+ * boundary would be misnamed.
+ */
+function unknownMethod (err: ParseError): string | undefined {
+  const packet = err.rawPacket
+  const at = err.bytesParsed
+  if (!Buffer.isBuffer(packet) || typeof at !== 'number') return undefined
+  let start = at
+  // Backwards over what the parser took for the start of a known method (PROPFOO: PROP…).
+  while (start > 0 && /[A-Z_-]/.test(String.fromCharCode(packet[start - 1] ?? 0))) start--
+  let end = at
+  while (end < packet.length && end - start <= 32 && isTokenByte(packet[end])) end++
+  if (end === start || end - start > 32 || packet[end] !== 0x20) return undefined
+  return start === 0 || packet[start - 1] === 0x0a ? packet.toString('latin1', start, end) : 'this method'
+}
+
+/**
+ * Requests Node's parser rejects (bad framing, unknown methods, oversized
+ * headers, slow senders) get the JSON error shape too, after the answers
+ * owed to earlier requests on the connection (see afterOwedResponses).
+ * Once a connection is condemned, later errors on it (more garbage, a
+ * timeout while an earlier answer is pending) add nothing.
+ */
+export function rejectMalformed (err: ParseError, socket: Duplex): void {
+  if (err.code === 'ECONNRESET' || socket.destroyed || !condemn(socket)) return
+  const method = err.code === 'HPE_INVALID_METHOD' ? unknownMethod(err) : undefined
+  if (method !== undefined) {
+    afterOwedResponses(socket, () => { writeRawError(socket, 405, 'method_not_allowed', notForwarded(method), `allow: ${ALLOW}\r\n`) })
+    return
+  }
+  const [status, code, message] = CLIENT_ERRORS[err.code ?? ''] ?? [400, 'bad_request', 'malformed HTTP request']
+  afterOwedResponses(socket, () => { writeRawError(socket, status, code, message) })
+}
+
+/**
+ * CONNECT is handed to a 'connect' listener before routing; with none, Node
+ * would drop the socket without an answer.
+ */
+export function refuseConnect (_req: IncomingMessage, socket: Duplex): void {
+  // Node has detached its HTTP handling from the socket, including the
+  // relay that tells a response still being written that the socket drained.
+  socket.on('drain', () => { (socket as WithPendingResponse<Duplex>)._httpMessage?.emit('drain') })
+  if (condemn(socket)) afterOwedResponses(socket, () => { writeRawError(socket, 400, 'bad_request', 'CONNECT is not supported: this is not a forward proxy') })
+}
