@@ -127,7 +127,9 @@ t.test('upstream 401s and 403s: one warning per interval with the access key, wh
     await burst(1)
     const w = await nextWarning(4)
     t.ok(Math.abs(Number(w.upstreamClockSkewSeconds) - 600) < 2, `skew ${String(w.upstreamClockSkewSeconds)}`)
-    t.match(w.msg, /the upstream's clock is 600 s ahead of this node's, so token timestamps fall outside its window: fix the node's clock \(NTP\), or set COS_CLOCK_SKEW_CORRECTION=true/)
+    // Date has whole-second resolution and the estimate is good to ±0.5 s plus the
+    // one-way delay, which a loaded machine stretches: 599 or 601 is still right.
+    t.match(w.msg, /the upstream's clock is (599|600|601) s ahead of this node's, so token timestamps fall outside its window: fix the node's clock \(NTP\), or set COS_CLOCK_SKEW_CORRECTION=true/)
   })
 
   await t.test('no log line holds a secret, a token, a signature or a nonce', async t => {
