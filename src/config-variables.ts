@@ -61,7 +61,7 @@ export const VARIABLES = {
   // Unbounded, undici opens one socket per concurrent request, up to
   // COS_MAX_CONNECTIONS of them. Fewer queue requests inside the proxy: 32
   // cost 9 % more CPU per request at 32 clients, 256 nothing measurable at 256
-  // (README, Performance); and a pool of N over a link of RTT t carries at
+  // (docs/performance.md); and a pool of N over a link of RTT t carries at
   // most about N / t requests a second.
   COS_UPSTREAM_MAX_CONNECTIONS: { type: 'integer', default: 256, minimum: 1, maximum: 65_536, expect: 'must be a whole number of connections 1-65536' },
   COS_LOG_LEVEL: { type: 'string', default: 'info', enum: LOG_LEVELS, expect: `must be one of ${LOG_LEVELS.join(', ')}` },
