@@ -12,12 +12,21 @@ const LEVEL_WIDTH = 5
 
 const COLOURS: Readonly<Record<string, string>> = { fatal: '35', error: '31', warn: '33', info: '32', debug: '36', trace: '90' }
 
+// C0 and C1 controls: a message or value carrying ESC or CSI (an upstream's
+// error text, say) must not move the cursor or rewrite the terminal; JSON
+// escapes C0 only.
+const CONTROLS = /[\u0000-\u001f\u007f-\u009f]/g
+
+function escaped (text: string): string {
+  return text.replace(CONTROLS, c => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`)
+}
+
 /** A value as `key=value` shows it: bare when it is one plain word, quoted JSON otherwise. */
 function shown (value: unknown): string {
-  if (typeof value === 'string') return /^[\w./:@+-]+$/.test(value) ? value : JSON.stringify(value)
-  if (isError(value)) return JSON.stringify(`${value.type ?? 'Error'}: ${value.message}`)
+  if (typeof value === 'string') return /^[\w./:@+-]+$/.test(value) ? value : escaped(JSON.stringify(value))
+  if (isError(value)) return escaped(JSON.stringify(`${value.type ?? 'Error'}: ${value.message}`))
   // Parsed from JSON: never undefined, a function or a symbol.
-  return JSON.stringify(value)
+  return escaped(JSON.stringify(value))
 }
 
 function isError (value: unknown): value is { type?: string, message: string } {
@@ -41,7 +50,7 @@ export function prettyLine (json: string, colour = false): string {
   const level = typeof fields.level === 'string' ? fields.level : 'info'
   const label = level.toUpperCase().padEnd(LEVEL_WIDTH)
   const levelText = colour && COLOURS[level] !== undefined ? `\x1b[${COLOURS[level]}m${label}\x1b[0m` : label
-  let line = `${clock(fields.time)} ${levelText} ${typeof fields.msg === 'string' ? fields.msg : ''}`
+  let line = `${clock(fields.time)} ${levelText} ${typeof fields.msg === 'string' ? escaped(fields.msg) : ''}`
   for (const key in fields) {
     if (!SHOWN_APART.has(key)) line += ` ${key}=${shown(fields[key])}`
   }
