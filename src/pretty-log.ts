@@ -15,6 +15,7 @@ const COLOURS: Readonly<Record<string, string>> = { fatal: '35', error: '31', wa
 // C0 and C1 controls: a message or value carrying ESC or CSI (an upstream's
 // error text, say) must not move the cursor or rewrite the terminal; JSON
 // escapes C0 only.
+// eslint-disable-next-line no-control-regex -- matching control characters is the point
 const CONTROLS = /[\u0000-\u001f\u007f-\u009f]/g
 
 function escaped (text: string): string {

@@ -17,6 +17,7 @@ t.test('values that are not one plain word are quoted, objects shown as JSON, er
 t.test('a message or value carrying terminal escape sequences cannot drive the terminal: control characters are shown escaped', async t => {
   const line = prettyLine(JSON.stringify({ level: 'warn', time: '2026-11-23T22:51:07.123Z', msg: 'upstream said \x1b[2J\rgone\n', detail: 'x\x1b]0;title\x07', csi: 'a\u009b31m', err: { type: 'Error', message: '\x1b[31mred', stack: 's' } }))
   t.equal(line, '22:51:07.123 WARN  upstream said \\u001b[2J\\u000dgone\\u000a detail="x\\u001b]0;title\\u0007" csi="a\\u009b31m" err="Error: \\u001b[31mred"\n')
+  // eslint-disable-next-line no-control-regex -- matching control characters is the point
   t.notMatch(line.slice(0, -1), /[\u0000-\u001f\u007f-\u009f]/, 'no control character left but the line end')
 })
 
