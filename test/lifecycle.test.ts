@@ -9,7 +9,7 @@ import { join } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
 import t from 'tap'
 import { json, send, stallingUpstream, startUpstream, streamForever, type SimpleResponse } from './helpers.js'
-import { CLI, startSidecar as startSidecarIn, until } from './sidecar.js'
+import { CLI, startSidecar as startSidecarIn, until, writeKeyPair } from './sidecar.js'
 import { TRAILER_PROBES, answerDeclaringTrailers, rawRequest, startRawUpstream } from './security/raw.js'
 
 const CWD = mkdtempSync(join(tmpdir(), 'cos-life-'))
@@ -163,13 +163,10 @@ for (const [upstreamDoes, answer] of [['never answers', undefined], ['streams a 
   t.test(`COS_SHUTDOWN_TIMEOUT_MS bounds the exit when the upstream ${upstreamDoes}: both sides are cut, exit 0 within the timeout + 1 s`, async t => {
     const up = await stallingUpstream(answer)
     const dir = mkdtempSync(join(tmpdir(), 'cos-cut-'))
-    writeFileSync(join(dir, 'access-key'), 'AKIDCUT\n')
-    writeFileSync(join(dir, 'access-key-secret'), 'cut-SeCrEt\n')
     const s = await startSidecar({
       COS_API_URL: up.url,
       // Files, so the credential watcher runs too: it must not hold the exit either.
-      COS_ACCESS_KEY_FILE: join(dir, 'access-key'),
-      COS_ACCESS_KEY_SECRET_FILE: join(dir, 'access-key-secret'),
+      ...writeKeyPair(dir, 'AKIDCUT', 'cut-SeCrEt'),
       COS_SHUTDOWN_TIMEOUT_MS: String(SHUTDOWN_TIMEOUT_MS),
       COS_UPSTREAM_TIMEOUT_MS: '8000',
     })

@@ -2,6 +2,8 @@
 // process, as Kubernetes runs it: started, waited for until it logs its
 // listening line, probed, signalled.
 import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process'
+import { writeFileSync } from 'node:fs'
+import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 
 export const CLI = fileURLToPath(new URL('../dist/cos-auth-proxy.mjs', import.meta.url))
@@ -64,4 +66,12 @@ export async function until (what: string, check: () => Promise<boolean>, ms = 5
     if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`)
     await new Promise(resolve => setTimeout(resolve, 50))
   }
+}
+
+/** Writes a key pair as the chart mounts it (two files in `dir`) and returns the variables that name them. */
+export function writeKeyPair (dir: string, accessKey: string, secret: string): { COS_ACCESS_KEY_FILE: string, COS_ACCESS_KEY_SECRET_FILE: string } {
+  const files = { COS_ACCESS_KEY_FILE: join(dir, 'access-key'), COS_ACCESS_KEY_SECRET_FILE: join(dir, 'access-key-secret') }
+  writeFileSync(files.COS_ACCESS_KEY_FILE, `${accessKey}\n`)
+  writeFileSync(files.COS_ACCESS_KEY_SECRET_FILE, `${secret}\n`)
+  return files
 }

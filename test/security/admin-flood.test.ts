@@ -3,13 +3,13 @@
 // connections to the admin listener must not use up the process's
 // descriptors, so the proxy keeps serving, the probes keep answering and the
 // credential files can still be read.
-import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs'
 import { connect, type Socket } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import t from 'tap'
 import { send, startUpstream } from '../helpers.js'
-import { startSidecar, until } from '../sidecar.js'
+import { startSidecar, until, writeKeyPair } from '../sidecar.js'
 
 const CWD = mkdtempSync(join(tmpdir(), 'cos-flood-'))
 t.teardown(() => rmSync(CWD, { recursive: true, force: true }))
@@ -54,12 +54,9 @@ t.test('1,500 idle admin connections cannot exhaust the descriptors: the proxy s
   t.ok(flood > PROXY_FD_LIMIT + ADMIN_CAP, `this process can hold ${flood} client sockets (ulimit -n ${ownFdLimit()}), more than the child's ${PROXY_FD_LIMIT} descriptors`)
 
   const up = await startUpstream()
-  writeFileSync(join(CWD, 'access-key'), 'AKIDFLOOD\n')
-  writeFileSync(join(CWD, 'access-key-secret'), 'flood-SeCrEt\n')
   const s = await startSidecar({
     COS_API_URL: up.url,
-    COS_ACCESS_KEY_FILE: join(CWD, 'access-key'),
-    COS_ACCESS_KEY_SECRET_FILE: join(CWD, 'access-key-secret'),
+    ...writeKeyPair(CWD, 'AKIDFLOOD', 'flood-SeCrEt'),
     COS_CREDENTIALS_RELOAD_MS: '200', // re-read often: a read that fails with EMFILE would be logged
     COS_ADMIN_MAX_CONNECTIONS: String(ADMIN_CAP),
   }, { cwd: CWD, fdLimit: PROXY_FD_LIMIT })
