@@ -184,10 +184,14 @@ export interface SpawnOptions {
 }
 
 export function spawnNode (name: string, script: string, args: readonly string[], opts: SpawnOptions = {}): Child {
-  const nodeArgv = [...(opts.nodeArgs ?? []), script, ...args]
+  return spawnProgram(name, nodeBinary, [...(opts.nodeArgs ?? []), script, ...args], opts)
+}
+
+/** Any executable (e.g. the Go signer), registered and pinned as spawnNode's children are. */
+export function spawnProgram (name: string, program: string, args: readonly string[], opts: Omit<SpawnOptions, 'nodeArgs'> = {}): Child {
   const [command, argv] = opts.core === undefined
-    ? [nodeBinary, nodeArgv]
-    : ['taskset', ['-c', String(opts.core), nodeBinary, ...nodeArgv]]
+    ? [program, args]
+    : ['taskset', ['-c', String(opts.core), program, ...args]]
   // stdin is a pipe the child never gets data from: our own bench children
   // exit when it closes, so they do not outlive a killed benchmark.
   const proc = spawn(command, argv, {
@@ -349,7 +353,7 @@ export interface Server {
   readonly readyCpuMs?: number
 }
 
-function cpuMs (pid: number): number {
+export function cpuMs (pid: number): number {
   return cpuTicks(pid) * 1000 / CLOCK_TICKS
 }
 
