@@ -252,6 +252,8 @@ interface ThroughputRun {
   readonly round: number
   readonly rps: number
   readonly latencyMs: Latency
+  /** Each connection's first request, in the warm-up: the wait of a new connection to a busy server. */
+  readonly firstOnConnectionMs: Latency
   readonly cpuMsPer1k: number
   readonly sutBusy: number
   readonly upstreamBusy: number | undefined
@@ -283,13 +285,13 @@ async function throughput (ctx: Context, workload: Workload, target: Target, con
 async function throughputOnce (ctx: Context, workload: Workload, target: Target, connections: number, round: number): Promise<ThroughputRun> {
   const small = workload === 'small'
   const s = await start(ctx, target)
-  let warm: LoadResult
   let m: Measured
   let stopped: Stopped
   try {
     await ctx.noise.settle()
-    warm = await runLoad(workloadLoad(workload, s.server.url, connections, small ? settings.warmupSeconds : settings.bigWarmupSeconds))
-    m = await measure(workloadLoad(workload, s.server.url, connections, small ? settings.seconds : settings.bigSeconds), s.pid, s.upstreamPid, ctx.machine.clockTicks)
+    // The warm-up on the connections that are then measured (see Load.warmupSeconds).
+    const load = workloadLoad(workload, s.server.url, connections, small ? settings.seconds : settings.bigSeconds)
+    m = await measure({ ...load, warmupSeconds: small ? settings.warmupSeconds : settings.bigWarmupSeconds }, s.pid, s.upstreamPid, ctx.machine.clockTicks)
   } finally {
     stopped = await s.stop()
   }
@@ -297,6 +299,7 @@ async function throughputOnce (ctx: Context, workload: Workload, target: Target,
     workload, target, connections, round,
     rps: m.load.rps,
     latencyMs: m.load.latency,
+    firstOnConnectionMs: m.load.firstOnConnection,
     cpuMsPer1k: m.cost.cpuMsPer1k,
     sutBusy: m.cost.sutBusy,
     upstreamBusy: m.cost.upstreamBusy,
@@ -306,7 +309,7 @@ async function throughputOnce (ctx: Context, workload: Workload, target: Target,
     requests: m.load.requests,
     failures: m.load.errors + m.load.non2xx,
     // +1: the readiness probe.
-    ...(stopped.logLines === undefined ? {} : { log: { lines: stopped.logLines, completed: warm.requests + m.load.requests + 1, sent: warm.sent + m.load.sent + 1 } }),
+    ...(stopped.logLines === undefined ? {} : { log: { lines: stopped.logLines, completed: m.load.total.requests + 1, sent: m.load.total.sent + 1 } }),
   }
   progress(`  ${workload} ${String(connections).padStart(3)} conns round ${round}: ${LABEL[target].padEnd(12)} ${fixed(run.rps).padStart(7)} req/s  p99 ${fixed(run.latencyMs.p99)} ms  ${fixed(run.cpuMsPer1k)} CPU ms/1k  busy ${fixed(run.sutBusy, 2)}  others ${fixed(run.otherLoad, 2)}${run.failures > 0 ? `  FAILURES ${run.failures}` : ''}`)
   return run
@@ -319,6 +322,9 @@ interface Summary {
   readonly rps: number
   readonly p50: number
   readonly p99: number
+  /** Median over the rounds of the first requests' p50 and maximum (see ThroughputRun.firstOnConnectionMs). */
+  readonly firstP50: number
+  readonly firstMax: number
   readonly cpuMsPer1k: number
   readonly sutBusy: number
   readonly peakRssMB: number
@@ -345,6 +351,8 @@ function summarise (runs: readonly ThroughputRun[]): Summary[] {
       rps: median(rs.map(r => r.rps)),
       p50: median(rs.map(r => r.latencyMs.p50)),
       p99: median(rs.map(r => r.latencyMs.p99)),
+      firstP50: median(rs.map(r => r.firstOnConnectionMs.p50)),
+      firstMax: median(rs.map(r => r.firstOnConnectionMs.max)),
       cpuMsPer1k: median(rs.map(r => r.cpuMsPer1k)),
       sutBusy: median(rs.map(r => r.sutBusy)),
       // Peak is a peak: the largest over the rounds, not the median.
@@ -629,10 +637,10 @@ function smallTable (small: readonly Summary[]): string {
     for (const t of ['proxy', 'proxy-warn', 'floor', 'go', 'direct'] as const) {
       const x = find(small, 'small', t, c)
       if (x === undefined) continue
-      rows.push([LABEL[t], c, Math.round(x.rps), x.p50, x.p99, x.cpuMsPer1k, fixed(x.sutBusy * 100, 0) + ' %', fixed(x.peakRssMB, 1) + (t === 'direct' ? '*' : ''), x.failures])
+      rows.push([LABEL[t], c, Math.round(x.rps), x.p50, x.p99, `${fixed(x.firstP50)} / ${fixed(x.firstMax)}`, x.cpuMsPer1k, fixed(x.sutBusy * 100, 0) + ' %', fixed(x.peakRssMB, 1) + (t === 'direct' ? '*' : ''), x.failures])
     }
   }
-  return table(['server', 'conns', 'req/s', 'p50 ms', 'p99 ms', 'CPU ms/1k req', 'core busy', 'peak RSS MB', 'failed'], rows)
+  return table(['server', 'conns', 'req/s', 'p50 ms', 'p99 ms', 'new conn. 1st req p50 / max ms', 'CPU ms/1k req', 'core busy', 'peak RSS MB', 'failed'], rows)
 }
 
 function ratioTable (small: readonly Summary[]): string {
@@ -768,6 +776,7 @@ async function main (): Promise<void> {
       ...(!runs('small') ? [] : [
         `## Small responses (GET ${PATH}, ${upstream.smallBytes}-byte JSON), keep-alive`,
         smallTable(small),
+        `p50/p99: requests sent after the warm-up, on the connections it opened; new conn. 1st req: each connection's first request, all opened at once at the start of the warm-up`,
         `core busy: share of its core the server under test used; CPU ms/1k req from /proc/<pid>/stat; peak RSS: VmHWM of a fresh process per run (* direct: the upstream's, over its whole life)`,
         '',
         ratioTable(small),
