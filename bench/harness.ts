@@ -184,10 +184,14 @@ export interface SpawnOptions {
 }
 
 export function spawnNode (name: string, script: string, args: readonly string[], opts: SpawnOptions = {}): Child {
-  const nodeArgv = [...(opts.nodeArgs ?? []), script, ...args]
+  return spawnProgram(name, nodeBinary, [...(opts.nodeArgs ?? []), script, ...args], opts)
+}
+
+/** Any executable (e.g. the Go signer), registered and pinned as spawnNode's children are. */
+export function spawnProgram (name: string, program: string, args: readonly string[], opts: Omit<SpawnOptions, 'nodeArgs'> = {}): Child {
   const [command, argv] = opts.core === undefined
-    ? [nodeBinary, nodeArgv]
-    : ['taskset', ['-c', String(opts.core), nodeBinary, ...nodeArgv]]
+    ? [program, args]
+    : ['taskset', ['-c', String(opts.core), program, ...args]]
   // stdin is a pipe the child never gets data from: our own bench children
   // exit when it closes, so they do not outlive a killed benchmark.
   const proc = spawn(command, argv, {
@@ -349,7 +353,7 @@ export interface Server {
   readonly readyCpuMs?: number
 }
 
-function cpuMs (pid: number): number {
+export function cpuMs (pid: number): number {
   return cpuTicks(pid) * 1000 / CLOCK_TICKS
 }
 
@@ -483,6 +487,15 @@ export interface Load {
   readonly method?: 'GET' | 'POST'
   readonly body?: Buffer
   readonly headers?: Record<string, string>
+  /**
+   * Seconds of warm-up on the same connections before `duration` is
+   * measured: the result then covers only the requests sent after it.
+   * Without it every measured run would begin by opening all its
+   * connections at once, and against a saturated Node server that is a
+   * measurement of accepting them (libuv accepts one connection per
+   * event-loop turn), not of serving requests: see docs/performance.md.
+   */
+  readonly warmupSeconds?: number
 }
 
 export type Workload = 'small' | 'get-1mib' | 'post-1mib'
@@ -521,6 +534,10 @@ export interface LoadResult {
   readonly latency: Latency
   readonly errors: number
   readonly non2xx: number
+  /** Each connection's first request (warm-up included): how long a new connection waited to be served. */
+  readonly firstOnConnection: Latency
+  /** Over the whole run, warm-up included (e.g. against a log's line count). */
+  readonly total: { readonly requests: number, readonly sent: number }
 }
 
 /** Grows as needed; one Float64Array, no per-sample objects. */
@@ -545,34 +562,63 @@ class Samples {
   }
 }
 
-export async function runLoad (load: Load): Promise<LoadResult> {
+/** `onMeasuring` runs when the warm-up ends (at once without one). */
+export async function runLoad (load: Load, onMeasuring?: () => void): Promise<LoadResult> {
   const samples = new Samples()
+  const firsts = new Samples()
+  const warmupMs = (load.warmupSeconds ?? 0) * 1000
   const instance = autocannon({
     url: load.url,
     connections: load.connections,
     pipelining: 1,
     // Keep-alive is autocannon's only mode: each connection is reused.
-    ...(load.amount === undefined ? { duration: load.duration ?? 5 } : { amount: load.amount }),
+    ...(load.amount === undefined ? { duration: (load.warmupSeconds ?? 0) + (load.duration ?? 5) } : { amount: load.amount }),
     ...(load.overallRate === undefined ? {} : { overallRate: load.overallRate }),
     ...(load.method === undefined ? {} : { method: load.method }),
     ...(load.body === undefined ? {} : { body: load.body }),
     ...(load.headers === undefined ? {} : { headers: load.headers }),
     timeout: 30,
   })
-  instance.on('response', (_client: unknown, status: number, _bytes: number, ms: number) => {
-    if (status >= 200 && status < 300) samples.add(ms)
+  const t0 = performance.now()
+  let from = t0
+  let measuring = false
+  const startMeasuring = (): void => { from = performance.now(); measuring = true; onMeasuring?.() }
+  const timer = warmupMs > 0 ? setTimeout(startMeasuring, warmupMs) : undefined
+  if (timer === undefined) startMeasuring()
+  const served = new Set<unknown>()
+  // Counted here rather than from autocannon's totals, which include the warm-up.
+  let requests = 0
+  let bytes = 0
+  let non2xx = 0
+  let errors = 0
+  instance.on('response', (client: unknown, status: number, resBytes: number, ms: number) => {
+    const ok = status >= 200 && status < 300
+    if (!served.has(client)) {
+      served.add(client)
+      if (ok) firsts.add(ms)
+    }
+    if (!measuring) return
+    requests++
+    bytes += resBytes
+    if (!ok) non2xx++
+    // Only requests sent after the warm-up: those in flight at its end waited behind it.
+    else if (performance.now() - ms >= from) samples.add(ms)
   })
+  instance.on('reqError', () => { if (measuring) errors++ })
   const r = await instance
-  const requests = r.requests.total
+  clearTimeout(timer)
+  const seconds = warmupMs > 0 ? (performance.now() - from) / 1000 : r.duration
   return {
-    requests,
-    sent: r.requests.sent,
-    seconds: r.duration,
-    rps: requests / r.duration,
-    bytes: r.throughput.total,
+    requests: warmupMs > 0 ? requests : r.requests.total,
+    sent: warmupMs > 0 ? requests : r.requests.sent,
+    seconds,
+    rps: (warmupMs > 0 ? requests : r.requests.total) / seconds,
+    bytes: warmupMs > 0 ? bytes : r.throughput.total,
     latency: samples.latency(),
-    errors: r.errors + r.timeouts,
-    non2xx: r.non2xx,
+    errors: warmupMs > 0 ? errors : r.errors + r.timeouts,
+    non2xx: warmupMs > 0 ? non2xx : r.non2xx,
+    firstOnConnection: firsts.latency(),
+    total: { requests: r.requests.total, sent: r.requests.sent },
   }
 }
 
@@ -620,7 +666,8 @@ export async function runPaced (url: string, rate: number, seconds: number, clie
   })
   const secondsRun = (performance.now() - t0) / 1000
   agent.destroy()
-  return { requests: done - errors, sent, seconds: secondsRun, rps: (done - errors) / secondsRun, bytes, latency: samples.latency(), errors, non2xx }
+  // Connections are the agent's, opened as needed: no first-request figure.
+  return { requests: done - errors, sent, seconds: secondsRun, rps: (done - errors) / secondsRun, bytes, latency: samples.latency(), errors, non2xx, firstOnConnection: new Samples().latency(), total: { requests: done - errors, sent } }
 }
 
 // ---------------------------------------------------------------------------
@@ -674,14 +721,21 @@ export async function awaitQuiet (maxCores: number, maxMs: number, ticksPerSecon
 
 export interface Measured { readonly load: LoadResult, readonly cost: Cost }
 
+/** A load run and its cost; with `load.warmupSeconds`, both from the end of the warm-up. */
 export async function measure (load: Load, sutPid: number, upstreamPid: number | undefined, ticksPerSecond: number): Promise<Measured> {
   const ms = (ticks: number): number => ticks * 1000 / ticksPerSecond
-  const sut0 = cpuTicks(sutPid)
-  const up0 = upstreamPid === undefined ? 0 : cpuTicks(upstreamPid)
-  const me0 = process.cpuUsage()
-  const others = noiseProbe(upstreamPid === undefined ? [sutPid] : [sutPid, upstreamPid], ticksPerSecond)
-  const t0 = performance.now()
-  const result = await runLoad(load)
+  let sut0 = 0
+  let up0 = 0
+  let me0 = process.cpuUsage()
+  let others = (): number => Number.NaN
+  let t0 = 0
+  const result = await runLoad(load, () => {
+    sut0 = cpuTicks(sutPid)
+    up0 = upstreamPid === undefined ? 0 : cpuTicks(upstreamPid)
+    me0 = process.cpuUsage()
+    others = noiseProbe(upstreamPid === undefined ? [sutPid] : [sutPid, upstreamPid], ticksPerSecond)
+    t0 = performance.now()
+  })
   const wallMs = performance.now() - t0
   const otherLoad = others()
   const me = process.cpuUsage(me0)

@@ -25,6 +25,7 @@ import {
   noiseProbe, runLoad, runPaced, scratchDir, spawnNode, startFloor, startProxy, startUpstream, stopAll, stopChild, vmMB,
   SMALL_PATH, workloadLoad, type Workload, type Latency, type LoadResult, type Machine, type Measured, type Pinning, type Server, type Upstream,
 } from './harness.js'
+import { buildGoSigner, checkGoSigner, startGoSigner, type GoSigner } from './go-signer.js'
 import { imageBuild, type Build } from './image.js'
 import { mintTable, type MintResult } from './mint.js'
 
@@ -154,8 +155,10 @@ class Noise {
 
 const PATH = SMALL_PATH
 
-type Target = 'proxy' | 'floor' | 'direct' | 'proxy-warn'
-const LABEL: Readonly<Record<Target, string>> = { proxy: 'proxy (info)', floor: 'floor', direct: 'direct', 'proxy-warn': 'proxy (warn)' }
+type Target = 'proxy' | 'floor' | 'go' | 'direct' | 'proxy-warn'
+const LABEL: Readonly<Record<Target, string>> = { proxy: 'proxy (info)', floor: 'floor', go: 'Go signer', direct: 'direct', 'proxy-warn': 'proxy (warn)' }
+/** Servers that start fresh for a measurement (the upstream, measured directly, does not). */
+type Fresh = 'proxy' | 'floor' | 'go'
 
 interface Context {
   readonly machine: Machine
@@ -163,6 +166,7 @@ interface Context {
   readonly upstream: Upstream
   readonly scratch: string
   readonly noise: Noise
+  readonly goSigner: GoSigner
 }
 
 // ---------------------------------------------------------------------------
@@ -206,9 +210,12 @@ async function start (ctx: Context, target: Target): Promise<Started> {
       },
     }
   }
+  const go = ctx.goSigner
   const server = target === 'floor'
     ? await startFloor(upstream.url, pin.sut)
-    : await startProxy({
+    : target === 'go'
+      ? await startGoSigner({ binary: 'binary' in go ? go.binary : 'go-signer', upstreamUrl: upstream.url, core: pin.sut })
+      : await startProxy({
       upstreamUrl: upstream.url,
       logLevel: target === 'proxy' ? 'info' : 'warn',
       logFile: join(ctx.scratch, `proxy-${++logSeq}.log`),
@@ -245,6 +252,8 @@ interface ThroughputRun {
   readonly round: number
   readonly rps: number
   readonly latencyMs: Latency
+  /** Each connection's first request, in the warm-up: the wait of a new connection to a busy server. */
+  readonly firstOnConnectionMs: Latency
   readonly cpuMsPer1k: number
   readonly sutBusy: number
   readonly upstreamBusy: number | undefined
@@ -276,13 +285,13 @@ async function throughput (ctx: Context, workload: Workload, target: Target, con
 async function throughputOnce (ctx: Context, workload: Workload, target: Target, connections: number, round: number): Promise<ThroughputRun> {
   const small = workload === 'small'
   const s = await start(ctx, target)
-  let warm: LoadResult
   let m: Measured
   let stopped: Stopped
   try {
     await ctx.noise.settle()
-    warm = await runLoad(workloadLoad(workload, s.server.url, connections, small ? settings.warmupSeconds : settings.bigWarmupSeconds))
-    m = await measure(workloadLoad(workload, s.server.url, connections, small ? settings.seconds : settings.bigSeconds), s.pid, s.upstreamPid, ctx.machine.clockTicks)
+    // The warm-up on the connections that are then measured (see Load.warmupSeconds).
+    const load = workloadLoad(workload, s.server.url, connections, small ? settings.seconds : settings.bigSeconds)
+    m = await measure({ ...load, warmupSeconds: small ? settings.warmupSeconds : settings.bigWarmupSeconds }, s.pid, s.upstreamPid, ctx.machine.clockTicks)
   } finally {
     stopped = await s.stop()
   }
@@ -290,6 +299,7 @@ async function throughputOnce (ctx: Context, workload: Workload, target: Target,
     workload, target, connections, round,
     rps: m.load.rps,
     latencyMs: m.load.latency,
+    firstOnConnectionMs: m.load.firstOnConnection,
     cpuMsPer1k: m.cost.cpuMsPer1k,
     sutBusy: m.cost.sutBusy,
     upstreamBusy: m.cost.upstreamBusy,
@@ -299,7 +309,7 @@ async function throughputOnce (ctx: Context, workload: Workload, target: Target,
     requests: m.load.requests,
     failures: m.load.errors + m.load.non2xx,
     // +1: the readiness probe.
-    ...(stopped.logLines === undefined ? {} : { log: { lines: stopped.logLines, completed: warm.requests + m.load.requests + 1, sent: warm.sent + m.load.sent + 1 } }),
+    ...(stopped.logLines === undefined ? {} : { log: { lines: stopped.logLines, completed: m.load.total.requests + 1, sent: m.load.total.sent + 1 } }),
   }
   progress(`  ${workload} ${String(connections).padStart(3)} conns round ${round}: ${LABEL[target].padEnd(12)} ${fixed(run.rps).padStart(7)} req/s  p99 ${fixed(run.latencyMs.p99)} ms  ${fixed(run.cpuMsPer1k)} CPU ms/1k  busy ${fixed(run.sutBusy, 2)}  others ${fixed(run.otherLoad, 2)}${run.failures > 0 ? `  FAILURES ${run.failures}` : ''}`)
   return run
@@ -312,6 +322,9 @@ interface Summary {
   readonly rps: number
   readonly p50: number
   readonly p99: number
+  /** Median over the rounds of the first requests' p50 and maximum (see ThroughputRun.firstOnConnectionMs). */
+  readonly firstP50: number
+  readonly firstMax: number
   readonly cpuMsPer1k: number
   readonly sutBusy: number
   readonly peakRssMB: number
@@ -338,6 +351,8 @@ function summarise (runs: readonly ThroughputRun[]): Summary[] {
       rps: median(rs.map(r => r.rps)),
       p50: median(rs.map(r => r.latencyMs.p50)),
       p99: median(rs.map(r => r.latencyMs.p99)),
+      firstP50: median(rs.map(r => r.firstOnConnectionMs.p50)),
+      firstMax: median(rs.map(r => r.firstOnConnectionMs.max)),
       cpuMsPer1k: median(rs.map(r => r.cpuMsPer1k)),
       sutBusy: median(rs.map(r => r.sutBusy)),
       // Peak is a peak: the largest over the rounds, not the median.
@@ -442,7 +457,7 @@ function summariseRate (runs: readonly RateRun[]): RateSummary[] {
 // Idle footprint and start-up: what every pod pays before any load.
 
 interface IdleRun {
-  readonly target: 'proxy' | 'floor'
+  readonly target: Fresh
   readonly round: number
   /** Spawn to ready (the proxy: /readyz 200; the floor: listening). */
   readonly readyMs: number
@@ -454,7 +469,7 @@ interface IdleRun {
   readonly otherLoad: number
 }
 
-async function idleOnce (ctx: Context, target: 'proxy' | 'floor', round: number): Promise<IdleRun> {
+async function idleOnce (ctx: Context, target: Fresh, round: number): Promise<IdleRun> {
   await ctx.noise.settle()
   const others = noiseProbe([], ctx.machine.clockTicks)
   const s = await start(ctx, target)
@@ -469,11 +484,12 @@ async function idleOnce (ctx: Context, target: 'proxy' | 'floor', round: number)
   }
 }
 
-interface IdleSummary { readonly target: 'proxy' | 'floor', readonly readyMs: number, readonly readyCpuMs: number, readonly anonMB: number, readonly rssMB: number }
+interface IdleSummary { readonly target: Fresh, readonly readyMs: number, readonly readyCpuMs: number, readonly anonMB: number, readonly rssMB: number }
 
 function summariseIdle (runs: readonly IdleRun[]): IdleSummary[] {
-  return (['proxy', 'floor'] as const).map(target => {
+  return (['proxy', 'floor', 'go'] as const).flatMap(target => {
     const rs = runs.filter(r => r.target === target)
+    if (rs.length === 0) return []
     return { target, readyMs: median(rs.map(r => r.readyMs)), readyCpuMs: median(rs.map(r => r.readyCpuMs)), anonMB: median(rs.map(r => r.anonMB)), rssMB: median(rs.map(r => r.rssMB)) }
   })
 }
@@ -602,8 +618,10 @@ function checks (small: readonly Summary[], big: readonly Summary[], rate: reado
   atMost('proxy start to /readyz 200', proxyIdle?.readyMs ?? Number.NaN, 200, 'ms')
   const peakGoal: Readonly<Record<number, number>> = { 32: 120, 256: 130 }
   for (const c of settings.connections) atMost(`proxy peak RSS, ${c} conns`, find(small, 'small', 'proxy', c)?.peakRssMB ?? Number.NaN, peakGoal[c] ?? 130, 'MB')
-  const p99 = (t: Target): number => find(small, 'small', t, 32)?.p99 ?? Number.NaN
+  const p99 = (t: Target, c = 32): number => find(small, 'small', t, c)?.p99 ?? Number.NaN
   atMost('proxy / floor p99 at 32 conns (saturation)', p99('proxy') / p99('floor'), 1.3, '×')
+  // Issue 21: the tail at 256 connections against the standard-library Go signer's in the same run.
+  atMost('proxy / Go signer p99 at 256 conns (saturation)', p99('proxy', 256) / p99('go', 256), 2, '×')
   const pacedAdded = (t: Target): number => rate.find(r => r.generator === 'paced' && r.target === t)?.addedP99 ?? Number.NaN
   atMost(`added p99 at ${settings.rate} req/s (paced), proxy ≤ floor`, pacedAdded('proxy') - pacedAdded('floor'), 0, 'ms over the floor')
   const s = soaks.find(x => x.target === 'proxy')
@@ -616,19 +634,20 @@ function checks (small: readonly Summary[], big: readonly Summary[], rate: reado
 function smallTable (small: readonly Summary[]): string {
   const rows: Cell[][] = []
   for (const c of settings.connections) {
-    for (const t of ['proxy', 'proxy-warn', 'floor', 'direct'] as const) {
+    for (const t of ['proxy', 'proxy-warn', 'floor', 'go', 'direct'] as const) {
       const x = find(small, 'small', t, c)
       if (x === undefined) continue
-      rows.push([LABEL[t], c, Math.round(x.rps), x.p50, x.p99, x.cpuMsPer1k, fixed(x.sutBusy * 100, 0) + ' %', fixed(x.peakRssMB, 1) + (t === 'direct' ? '*' : ''), x.failures])
+      rows.push([LABEL[t], c, Math.round(x.rps), x.p50, x.p99, `${fixed(x.firstP50)} / ${fixed(x.firstMax)}`, x.cpuMsPer1k, fixed(x.sutBusy * 100, 0) + ' %', fixed(x.peakRssMB, 1) + (t === 'direct' ? '*' : ''), x.failures])
     }
   }
-  return table(['server', 'conns', 'req/s', 'p50 ms', 'p99 ms', 'CPU ms/1k req', 'core busy', 'peak RSS MB', 'failed'], rows)
+  return table(['server', 'conns', 'req/s', 'p50 ms', 'p99 ms', 'new conn. 1st req p50 / max ms', 'CPU ms/1k req', 'core busy', 'peak RSS MB', 'failed'], rows)
 }
 
 function ratioTable (small: readonly Summary[]): string {
   const row = (name: string, a: Target, b: Target): Cell[] => [name, ...settings.connections.map(c => ratio(rpsRatio(small, 'small', a, b, c)))]
   return table(['req/s ratio', ...settings.connections.map(c => `${c} conns`)], [
     row('proxy / floor', 'proxy', 'floor'),
+    row('proxy / Go signer', 'proxy', 'go'),
     row('proxy / direct', 'proxy', 'direct'),
     row('proxy info / warn', 'proxy', 'proxy-warn'),
     row('floor / direct', 'floor', 'direct'),
@@ -687,14 +706,17 @@ async function main (): Promise<void> {
     try { return await fn() } finally { timings[name] = (performance.now() - t) / 1000 }
   }
   try {
+    const goSigner = !runs('idle') && !runs('small') ? { skipped: 'not in these sections' } : await timed('Go signer: build and check', () => goYardstick(scratch.path))
     const upstream = await startUpstream(pin.upstream)
     const noise = new Noise(settings.noiseBudgetSeconds * 1000, m.clockTicks)
-    const ctx: Context = { machine: m, pin, upstream, scratch: scratch.path, noise }
+    const ctx: Context = { machine: m, pin, upstream, scratch: scratch.path, noise, goSigner }
+    // The peers measured beside the proxy: the floor, and the Go signer when it could be built.
+    const peers = 'binary' in goSigner ? ['floor', 'go'] as const : ['floor'] as const
 
     const idleRuns = !runs('idle') ? [] : await timed('idle footprint and start-up', async () => {
       const out: IdleRun[] = []
       for (let round = 1; round <= settings.rounds; round++) {
-        for (const t of ['proxy', 'floor'] as const) out.push(await idleOnce(ctx, t, round))
+        for (const t of ['proxy', ...peers] as const) out.push(await idleOnce(ctx, t, round))
       }
       return out
     })
@@ -702,7 +724,7 @@ async function main (): Promise<void> {
       const runs: ThroughputRun[] = []
       for (let round = 1; round <= settings.rounds; round++) {
         for (const c of settings.connections) {
-          for (const t of ['proxy', 'floor', 'direct', 'proxy-warn'] as const) runs.push(await throughput(ctx, 'small', t, c, round))
+          for (const t of ['proxy', ...peers, 'direct', 'proxy-warn'] as const) runs.push(await throughput(ctx, 'small', t, c, round))
         }
       }
       return runs
@@ -743,6 +765,7 @@ async function main (): Promise<void> {
       `proxy: ${proxyBuild.description}`,
       `proxy: added Node flags ${proxyNodeArgs.length === 0 ? 'none' : proxyNodeArgs.join(' ')}; added environment ${Object.keys(proxyExtraEnv).length === 0 ? 'none' : Object.entries(proxyExtraEnv).map(([k, v]) => `${k}=${v}`).join(' ')} (the floor runs with neither)`,
       noiseLine,
+      `Go signer: ${'binary' in goSigner ? `bench/go-signer/main.go built with ${goSigner.go}, GOMAXPROCS=1; ${goSigner.checked}` : `skipped: ${goSigner.skipped}`}`,
       '',
       ...(!runs('idle') ? [] : [
         `## Idle (fresh process, ${settings.idleRequests} requests, then ${settings.idleSettleSeconds} s) and start-up`,
@@ -753,6 +776,7 @@ async function main (): Promise<void> {
       ...(!runs('small') ? [] : [
         `## Small responses (GET ${PATH}, ${upstream.smallBytes}-byte JSON), keep-alive`,
         smallTable(small),
+        `p50/p99: requests sent after the warm-up, on the connections it opened; new conn. 1st req: each connection's first request, all opened at once at the start of the warm-up`,
         `core busy: share of its core the server under test used; CPU ms/1k req from /proc/<pid>/stat; peak RSS: VmHWM of a fresh process per run (* direct: the upstream's, over its whole life)`,
         '',
         ratioTable(small),
@@ -776,7 +800,7 @@ async function main (): Promise<void> {
         '',
       ]),
       ...(minted === undefined ? [] : [`## Token minting (one core; other processes used ${fixed(minted.otherLoad, 2)} cores meanwhile)`, mintTable(minted), '']),
-      '## Targets (issues 6 and 13)',
+      '## Targets (issues 6, 13 and 21)',
       checkTable(checked),
       '',
       `section times: ${Object.entries(timings).map(([k, v]) => `${k} ${fixed(v, 0)} s`).join(', ')}`,
@@ -798,6 +822,7 @@ async function main (): Promise<void> {
       pinning: pin,
       settings,
       sectionSeconds: timings,
+      goSigner,
       otherLoad: { median: median(others), max: Math.max(...others), waitedSeconds: noise.waitedMs / 1000, repeats: noise.repeats },
       small: { summary: small, runs: smallRuns },
       large: { summary: big, runs: bigRuns },
@@ -822,6 +847,18 @@ async function main (): Promise<void> {
     await stopAll()
     scratch.remove()
   }
+}
+
+/** Builds the Go signer and proves its tokens are accepted (the run fails if not), or says why it is skipped. */
+async function goYardstick (scratch: string): Promise<GoSigner & { readonly checked?: string }> {
+  const built = buildGoSigner(scratch)
+  if (!('binary' in built)) {
+    progress(`  Go signer skipped: ${built.skipped}`)
+    return built
+  }
+  const checked = await checkGoSigner(built.binary)
+  progress(`  ${built.go}: ${checked}`)
+  return { ...built, checked }
 }
 
 function gitCommit (): string | undefined {

@@ -1,0 +1,3 @@
+module cos-auth-proxy/bench/go-signer
+
+go 1.19
