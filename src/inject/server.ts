@@ -13,7 +13,8 @@ import { answerReview, MalformedReview, type InjectSettings } from './patch.js'
 export interface CertificateFiles { readonly certFile: string, readonly keyFile: string }
 
 export interface WebhookOptions {
-  readonly settings: InjectSettings
+  /** Asked per review: the definition can be replaced while serving (source.ts). */
+  readonly settings: () => InjectSettings
   readonly tls: CertificateFiles
   readonly metrics: InjectMetrics
   readonly logger: FastifyBaseLogger
@@ -65,7 +66,7 @@ export async function buildWebhookServer (opts: WebhookOptions): Promise<Fastify
   app.post('/mutate', (request, reply) => {
     let answer
     try {
-      answer = answerReview(request.body, settings)
+      answer = answerReview(request.body, settings())
     } catch (err) {
       if (!(err instanceof MalformedReview)) throw err
       metrics.error('malformed')
