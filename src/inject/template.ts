@@ -72,7 +72,13 @@ export function checkTemplate (t: SidecarTemplate): TemplateFacts {
   if (c.envFrom !== undefined) bad('container.envFrom is per pod (cos-auth-proxy.io/env-from-configmap), not in the definition')
   const values = Object.fromEntries(envOf(c).map(e => [e.name, e.value]))
   // The proxy's own checks, so no injected sidecar exits 78 on the cluster-wide part.
-  const proxy = loadConfig({ env: values, dotenv: false, needs: 'nothing' })
+  let proxy
+  try {
+    proxy = loadConfig({ env: values, dotenv: false, needs: 'nothing' })
+  } catch (err) {
+    if (err instanceof ConfigError) bad(`container.env: ${err.message}`)
+    throw err
+  }
   if (proxy.routes.length === 0) bad('container.env sets no COS_API_URL, COS_MANAGEMENT_API_URL or COS_OPTIMIZE_API_URL: the sidecars need an upstream')
   for (const name of ['COS_LISTEN_PORT', 'COS_ADMIN_PORT', 'COS_LOG_LEVEL', 'COS_ACCESS_KEY_FILE', 'COS_ACCESS_KEY_SECRET_FILE']) {
     if (values[name] === undefined) bad(`container.env must set ${name}`)
