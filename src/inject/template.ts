@@ -97,7 +97,7 @@ export function checkTemplate (t: SidecarTemplate): TemplateFacts {
   if (volume === undefined || !isObject(volume.secret)) bad(`no Secret volume is mounted at ${keyDir ?? '?'} (COS_ACCESS_KEY_FILE's directory)`)
   const resources = isObject(c.resources) ? c.resources : {}
   return {
-    name: c.name as string,
+    name: c.name,
     proxyPort: proxy.listen.port,
     adminPort: proxy.admin.port,
     logLevel: proxy.logLevel,

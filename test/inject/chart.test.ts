@@ -119,6 +119,7 @@ t.test('the injected-version annotation changes with the definition and only the
 
 t.test('a definition that would not work is a ConfigError naming COS_INJECT_SIDECAR_FILE', async t => {
   const good = JSON.parse(fixtureSidecarFile()) as { container: Json, volumes: Json[] }
+  const tlsMount = (d: { container: Json }): Json => (d.container.volumeMounts as Json[]).find(m => m.name === 'cos-auth-proxy-tls') as Json
   const variant = (change: (d: { container: Json, volumes: Json[] }) => void): string => {
     const d = structuredClone(good)
     change(d)
@@ -127,8 +128,8 @@ t.test('a definition that would not work is a ConfigError naming COS_INJECT_SIDE
   const cases: [string, RegExp][] = [
     ['{"container":', /must hold JSON/],
     ['[]', /"container"/],
-    [variant(d => { (d.container.volumeMounts as Json[])[1]!.subPath = 'ca.crt' }), /cos-auth-proxy-tls must be a directory \(no subPath\)/],
-    [variant(d => { (d.container.volumeMounts as Json[])[1]!.readOnly = false }), /must be readOnly/],
+    [variant(d => { tlsMount(d).subPath = 'ca.crt' }), /cos-auth-proxy-tls must be a directory \(no subPath\)/],
+    [variant(d => { tlsMount(d).readOnly = false }), /must be readOnly/],
     [variant(d => { d.volumes.pop() }), /cos-auth-proxy-tls has no volume/],
     [variant(d => { d.container.env = (d.container.env as Env).filter(e => !e.name.endsWith('_API_URL')) }), /needs? an upstream/],
     [variant(d => { d.container.envFrom = [{ configMapRef: { name: 'x' } }] }), /envFrom is per pod/],

@@ -88,7 +88,7 @@ export const EXAMPLE_SETTINGS: InjectSettings = loadInjectConfig({
 }, { programVersion: '0.1.0', serving: false }).settings
 
 function fixtureDocs (): Json[] {
-  return parseAllDocuments(readFileSync(CHART_FIXTURE, 'utf8')).map(d => d.toJS() as Json).filter(d => d !== null)
+  return parseAllDocuments(readFileSync(CHART_FIXTURE, 'utf8')).map(d => d.toJS() as Json | null).filter((d): d is Json => d !== null)
 }
 
 /** The sidecar definition as the chart renders it into the injector's ConfigMap. */
