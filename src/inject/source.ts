@@ -21,6 +21,8 @@ export interface SidecarSourceOptions {
   readonly logger: FastifyBaseLogger
   /** Events come in bursts (several files, a symlink swap): read once they settle. */
   readonly settleMs?: number
+  /** Read again this often too, in case an event is missed (some volume types send none). */
+  readonly pollMs?: number
 }
 
 function digest (text: string): string {
@@ -33,6 +35,7 @@ export class SidecarSource {
   private rejected = ''
   private watcher: FSWatcher | undefined
   private timer: NodeJS.Timeout | undefined
+  private poll: NodeJS.Timeout | undefined
   private reading: Promise<void> = Promise.resolve()
 
   constructor (initial: InjectSettings, private readonly opts: SidecarSourceOptions) {
@@ -42,14 +45,24 @@ export class SidecarSource {
   readonly current = (): InjectSettings => this.settings
 
   start (): void {
-    this.watcher = watch(dirname(this.opts.file), { persistent: false }, () => { this.schedule() })
-    // A directory that goes away (volume remounted) ends the watch: the next events never come.
-    this.watcher.on('error', (err: Error) => { this.opts.logger.warn({ problem: err.message }, 'sidecar definition: watching the directory failed; changes are not seen until a restart') })
+    const unwatched = (err: Error): void => { this.opts.logger.warn({ problem: err.message }, 'sidecar definition: watching the directory failed; changes are seen by polling only') }
+    try {
+      this.watcher = watch(dirname(this.opts.file), { persistent: false }, () => { this.schedule(this.opts.settleMs ?? 200) })
+      this.watcher.on('error', unwatched)
+    } catch (err) {
+      unwatched(err as Error) // e.g. no inotify watches left on the node
+    }
+    this.poll = setInterval(() => { this.schedule(0) }, this.opts.pollMs ?? 10_000)
+    this.poll.unref()
   }
 
-  private schedule (): void {
+  private schedule (delayMs: number): void {
     clearTimeout(this.timer)
-    this.timer = setTimeout(() => { this.reading = this.reading.then(() => this.reload()) }, this.opts.settleMs ?? 200)
+    this.timer = setTimeout(() => {
+      this.reading = this.reading.then(() => this.reload()).catch((err: unknown) => {
+        this.opts.logger.error({ err }, 'sidecar definition: reading it again failed; still injecting the previous one')
+      })
+    }, delayMs)
     this.timer.unref()
   }
 
@@ -85,6 +98,7 @@ export class SidecarSource {
 
   close (): void {
     clearTimeout(this.timer)
+    clearInterval(this.poll)
     this.watcher?.close()
   }
 }

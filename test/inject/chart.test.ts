@@ -39,6 +39,16 @@ t.test('the injected sidecar is the chart\'s own, field by field, and so are its
   t.same(spec.volumes, chartSpec().volumes, 'volumes: the credentials and the TLS Secret')
 })
 
+t.test('with injector.nativeSidecar=false the same container goes last in containers, without restartPolicy', async t => {
+  const pod = fixtureAppPod()
+  const { review } = answerReview(podReview(pod), fixtureSettings(false))
+  const { spec } = applyResponsePatch(pod, review.response)
+  t.equal(spec.initContainers, undefined)
+  const { restartPolicy, ...chart } = chartSpec().initContainers[0] as Json
+  t.equal(restartPolicy, 'Always')
+  t.same(spec.containers.at(-1), chart)
+})
+
 t.test('what the chart\'s values set reaches the injected sidecar: CA, client certificate, egress proxy, required header, log level', async t => {
   const { spec } = injectFixture()
   const sidecar = spec.initContainers?.[0] as Json
