@@ -5,8 +5,6 @@ import { allowedMethods, AnnotationProblem, ANNOTATIONS, atLeast, configMapName,
 import { personalize, type EnvVar } from './sidecar.js'
 import type { SidecarTemplate, TemplateFacts } from './template.js'
 
-export { ANNOTATIONS, DEFAULT_ENV_NAME, ROUTE_METHOD_VARIABLES } from './annotations.js'
-
 /** One sidecar definition as the webhook applies it; replaced whole when the file changes. */
 export interface InjectSettings {
   readonly template: SidecarTemplate

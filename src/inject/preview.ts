@@ -18,7 +18,7 @@ function isObject (v: unknown): v is Json {
 }
 
 /** Applies the webhook's patch: only `add`, at paths it built itself (RFC 6902 semantics). */
-export function applyAdds (doc: Json, ops: readonly PatchOperation[]): Json {
+function applyAdds (doc: Json, ops: readonly PatchOperation[]): Json {
   const out = structuredClone(doc)
   for (const op of ops) {
     const segments = op.path.split('/').slice(1).map(s => s.replaceAll('~1', '/').replaceAll('~0', '~'))

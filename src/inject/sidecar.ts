@@ -2,7 +2,7 @@
 // chart's own sidecar as rendered into the injector's ConfigMap
 // (template.ts), adjusted per pod here (personalize); without one,
 // sidecarContainer builds the chart's sidecar with its default values:
-// test/inject/patch.test.ts compares both field by field with what the chart
+// test/inject/chart.test.ts and patch.test.ts compare both field by field with what the chart
 // renders (test/fixtures/chart/, examples/sidecar-parent-chart/rendered/),
 // which scripts/ci-packaging.sh keeps current, so neither can drift unnoticed.
 import { VARIABLES } from '../config.js'
@@ -109,11 +109,6 @@ export function credentialsVolume (secretName: string): Record<string, unknown> 
       ],
     },
   }
-}
-
-/** Seconds the pod must grant at least, as the chart computes them. */
-export function graceSecondsNeeded (shutdownDelayMs: number, shutdownTimeoutMs: number): number {
-  return Math.ceil((shutdownDelayMs + shutdownTimeoutMs) / 1000) + SIDECAR.graceMarginSeconds
 }
 
 /** The image's NODE_OPTIONS (Dockerfile): pinned as it is when a pod's ConfigMap is used. */

@@ -31,7 +31,7 @@ export interface TemplateFacts {
   readonly limits: { readonly cpu?: string, readonly memory?: string }
 }
 
-export const SIDECAR_FILE_VARIABLE = 'COS_INJECT_SIDECAR_FILE'
+const SIDECAR_FILE_VARIABLE = 'COS_INJECT_SIDECAR_FILE'
 
 function isObject (v: unknown): v is Json {
   return typeof v === 'object' && v !== null && !Array.isArray(v)
@@ -61,7 +61,7 @@ export function parseSidecarFile (text: string): { template: SidecarTemplate, fa
 }
 
 /** The facts of a template, or a ConfigError saying what is wrong with it. */
-export function checkTemplate (t: SidecarTemplate): TemplateFacts {
+function checkTemplate (t: SidecarTemplate): TemplateFacts {
   const c = t.container
   if (typeof c.name !== 'string' || c.name === '') bad('container.name is required')
   if (typeof c.image !== 'string' || c.image === '' || /\s/.test(c.image)) bad('container.image must be an image reference')
@@ -142,7 +142,7 @@ function canonical (v: unknown): string {
  * The `injected-version` annotation: this program's version and a short hash
  * of everything that shapes the patch, so pods injected before a change differ.
  */
-export function definitionVersion (programVersion: string, template: SidecarTemplate, nativeSidecar: boolean): string {
+function definitionVersion (programVersion: string, template: SidecarTemplate, nativeSidecar: boolean): string {
   const hash = createHash('sha256').update(canonical({ programVersion, template, nativeSidecar })).digest('hex').slice(0, 12)
   return `${programVersion}-${hash}`
 }
