@@ -10,7 +10,9 @@
 #                       examples/sidecar-parent-chart (the sidecar templates in a Deployment,
 #                       native and plain) and its rendered/ files must be current; bad values
 #                       must be refused; proxy.allowFrom must keep loopback in COS_ALLOW_FROM;
-#                       the injector's env as rendered must start `cos-auth-proxy inject`;
+#                       the injector's env and sidecar ConfigMap as rendered must start
+#                       `cos-auth-proxy inject`; test/fixtures/chart/injector.yaml (the
+#                       chart's sidecar and the injector's, from one render) must be current;
 #                       the dashboard ConfigMap must hold the JSON file; examples/podmonitor.yaml
 #                       must be a valid PodMonitor
 #   3. alert-rules      the chart's PrometheusRule as rendered from ci/alerts-values.yaml:
@@ -171,6 +173,7 @@ helm_check() {
     "sidecar.native needs Kubernetes >= 1.29|$PARENT|--kube-version 1.28"
     "injector.nativeSidecar needs Kubernetes >= 1.29|$C|-f $C/ci/injector-values.yaml --kube-version 1.28"
     "injector.enabled needs at least one of upstream|$C|--set injector.enabled=true"
+    "upstream.tls.*Key need upstream.tls.existingSecret|$C|-f $C/ci/injector-values.yaml --set upstream.tls.existingSecret="
     "value must be one of 'Fail', 'Ignore'|$C|-f $C/ci/injector-values.yaml --set injector.failurePolicy=fail"
     "prometheusRule.enabled needs prometheusRule.runbookBaseUrl|$C|-f $M --set prometheusRule.enabled=true"
     "at '/prometheusRule/alerts/clockSkew/for': 'soon' does not match pattern|$C|-f $C/ci/alerts-values.yaml --set prometheusRule.alerts.clockSkew.for=soon"
@@ -210,6 +213,8 @@ helm_check() {
       head -40 "$out/$v.diff"; rc=1
     else echo "   $PARENT/rendered/$v.yaml is up to date"; fi
   done
+  echo "-- test/fixtures/chart/injector.yaml (the chart's own sidecar and the injector's ConfigMap, one render)"
+  HELM="$helm" COS_SHARED_TOOLS="$TOOLS" scripts/render-injector-fixture.sh --check || rc=1
   rm -f "$PARENT"/charts/cos-auth-proxy-*.tgz; rmdir "$PARENT/charts" 2>/dev/null
   return $rc
 }

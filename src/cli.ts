@@ -25,6 +25,7 @@ commands:
   mock-api [--port N]         run a local stand-in for the COS APIs that verifies tokens
   demo                        run mock-api and the proxy with a throwaway key pair
   inject                      run the Kubernetes admission webhook that injects the sidecar (COS_INJECT_*)
+  inject --print              read a Pod (or workload) as JSON on stdin, print it as the webhook would inject it
 
   --version, -v               print "cos-auth-proxy <version>"
 
@@ -146,10 +147,17 @@ const commands: Record<string, (args: string[]) => Promise<void>> = {
   },
 
   async inject (args) {
-    parse(args, {})
+    const { values } = parse(args, { print: { type: 'boolean' } })
     // Loaded on demand: `serve` never loads the webhook.
-    const { runInject } = await import('./inject/run.js')
-    await runInject()
+    if (values.print !== true) return await (await import('./inject/run.js')).runInject(await version())
+    const [{ loadInjectConfig }, { preview }] = await Promise.all([import('./inject/config.js'), import('./inject/preview.js')])
+    const { settings } = loadInjectConfig(process.env, { programVersion: await version(), serving: false })
+    let input = ''
+    for await (const chunk of process.stdin) input += String(chunk)
+    const result = preview(input, settings)
+    process.stdout.write(result.stdout)
+    process.stderr.write(`cos-auth-proxy: ${result.note}\n`)
+    process.exitCode = result.code
   },
 
   async demo (args) {

@@ -1,11 +1,13 @@
 // Settings of `cos-auth-proxy inject`: its own COS_INJECT_* variables (this
 // table), plus the proxy's (src/config.ts) for the admin port, logs, drain,
-// and the upstream settings handed to every sidecar it injects. Errors are
-// ConfigError: exit 78 with one line naming the variable.
+// and, without COS_INJECT_SIDECAR_FILE, the upstream settings handed to every
+// sidecar it injects. Errors are ConfigError: exit 78 with one line naming
+// the variable.
 import { readFileSync } from 'node:fs'
 import { ConfigError, loadConfig, type LogFormat, type LogLevel } from '../config.js'
 import type { InjectSettings } from './patch.js'
 import type { EnvVar } from './sidecar.js'
+import { injectSettings, parseSidecarFile, templateFromEnv } from './template.js'
 
 interface InjectVarSpec {
   readonly kind: 'string' | 'port' | 'boolean' | 'file' | 'name'
@@ -20,14 +22,15 @@ export const INJECT_VARIABLES = {
   COS_INJECT_PORT: { kind: 'port', default: '8443', expect: 'must be a port number 0-65535' },
   COS_INJECT_TLS_CERT_FILE: { kind: 'file', required: true, expect: 'must be a readable PEM certificate (chain) file' },
   COS_INJECT_TLS_KEY_FILE: { kind: 'file', required: true, expect: 'must be a readable PEM private key file' },
-  COS_INJECT_IMAGE: { kind: 'string', required: true, expect: 'must be the image of the injected sidecar, like registry.example.com/cos-auth-proxy:0.1.0' },
+  COS_INJECT_SIDECAR_FILE: { kind: 'file', expect: 'must be a readable JSON file with the sidecar definition ({"container": ..., "volumes": [...]}, the chart renders it)' },
+  COS_INJECT_IMAGE: { kind: 'string', expect: 'must be the image of the injected sidecar, like registry.example.com/cos-auth-proxy:0.1.0' },
   COS_INJECT_DEFAULT_SECRET: { kind: 'name', expect: 'must be a Secret name (lower-case DNS subdomain)' },
   COS_INJECT_NATIVE_SIDECAR: { kind: 'boolean', default: 'true', expect: 'must be true (Kubernetes >= 1.29: initContainers with restartPolicy: Always) or false (a plain container)' },
 } as const satisfies Record<string, InjectVarSpec>
 
 type InjectVariable = keyof typeof INJECT_VARIABLES
 
-/** Upstream settings the sidecars get, in the order the chart writes them. */
+/** Without a sidecar file: upstream settings the sidecars get, in the order the chart writes them. */
 const UPSTREAM_PASSTHROUGH = ['COS_MANAGEMENT_API_URL', 'COS_OPTIMIZE_API_URL', 'COS_API_URL', 'COS_MANAGEMENT_PATH_PREFIX', 'COS_OPTIMIZE_PATH_PREFIX'] as const
 /** Further proxy settings passed through as they are (the chart's extraEnv place). */
 const EXTRA_PASSTHROUGH = [
@@ -37,7 +40,10 @@ const EXTRA_PASSTHROUGH = [
 
 export interface InjectConfig {
   readonly listen: { readonly host: string, readonly port: number }
-  readonly tls: { readonly certFile: string, readonly keyFile: string }
+  /** Absent for --print, which serves nothing. */
+  readonly tls?: { readonly certFile: string, readonly keyFile: string }
+  /** COS_INJECT_SIDECAR_FILE, watched for changes; absent: the definition comes from the environment. */
+  readonly sidecarFile?: string
   readonly admin: { readonly host: string, readonly port: number, readonly maxConnections: number }
   readonly logLevel: LogLevel
   /** The webhook's own lines (COS_LOG_FORMAT); injected sidecars log JSON. */
@@ -90,34 +96,62 @@ function passthrough (env: NodeJS.ProcessEnv, names: readonly string[]): EnvVar[
   })
 }
 
-/** Throws ConfigError for the first problem. Reads the environment only (no .env: the webhook runs in a pod). */
-export function loadInjectConfig (env: NodeJS.ProcessEnv = process.env): InjectConfig {
-  // The proxy's own checks on the settings handed down: a sidecar must not exit 78 on them.
-  const proxy = loadConfig({ env, dotenv: false, needs: 'nothing' })
-  if (proxy.routes.length === 0) {
-    throw new ConfigError('COS_API_URL', 'or COS_MANAGEMENT_API_URL or COS_OPTIMIZE_API_URL is required: the injected sidecars need an upstream')
+export interface LoadInjectOptions {
+  /** The program's version, part of the injected-version annotation. */
+  readonly programVersion: string
+  /** false for --print: no serving certificate needed. Default true. */
+  readonly serving?: boolean
+}
+
+/** The sidecar definition from its file. Throws ConfigError naming COS_INJECT_SIDECAR_FILE. */
+export function readSidecarSettings (file: string, env: NodeJS.ProcessEnv, programVersion: string, content?: string): InjectSettings {
+  let text
+  try {
+    text = content ?? readFileSync(file, 'utf8')
+  } catch (err) {
+    throw new ConfigError('COS_INJECT_SIDECAR_FILE', `${INJECT_VARIABLES.COS_INJECT_SIDECAR_FILE.expect}: ${JSON.stringify(file)} cannot be read (${(err as NodeJS.ErrnoException).code ?? 'error'})`)
   }
-  const certFile = read(env, 'COS_INJECT_TLS_CERT_FILE') as string
-  const keyFile = read(env, 'COS_INJECT_TLS_KEY_FILE') as string
-  const image = read(env, 'COS_INJECT_IMAGE') as string
   const defaultSecret = read(env, 'COS_INJECT_DEFAULT_SECRET')
-  return Object.freeze({
-    listen: { host: read(env, 'COS_INJECT_HOST') as string, port: Number(read(env, 'COS_INJECT_PORT')) },
-    tls: { certFile, keyFile },
-    admin: proxy.admin,
-    logLevel: proxy.logLevel,
-    logFormat: proxy.logFormat,
-    shutdownDelayMs: proxy.shutdownDelayMs,
-    shutdownTimeoutMs: proxy.shutdownTimeoutMs,
-    settings: {
+  return injectSettings(parseSidecarFile(text), read(env, 'COS_INJECT_NATIVE_SIDECAR') === 'true', defaultSecret, programVersion)
+}
+
+/** Throws ConfigError for the first problem. Reads the environment only (no .env: the webhook runs in a pod). */
+export function loadInjectConfig (env: NodeJS.ProcessEnv = process.env, opts: LoadInjectOptions = { programVersion: '0.0.0' }): InjectConfig {
+  const proxy = loadConfig({ env, dotenv: false, needs: 'nothing' })
+  const sidecarFile = read(env, 'COS_INJECT_SIDECAR_FILE')
+  const tls = opts.serving === false ? undefined : { certFile: read(env, 'COS_INJECT_TLS_CERT_FILE') as string, keyFile: read(env, 'COS_INJECT_TLS_KEY_FILE') as string }
+  let settings: InjectSettings
+  if (sidecarFile !== undefined) {
+    // One source of truth: the file names the image and carries every setting of the sidecar.
+    if (read(env, 'COS_INJECT_IMAGE') !== undefined) throw new ConfigError('COS_INJECT_IMAGE', 'must not be set with COS_INJECT_SIDECAR_FILE: the file names the image')
+    settings = readSidecarSettings(sidecarFile, env, opts.programVersion)
+  } else {
+    // The proxy's own checks on the settings handed down: a sidecar must not exit 78 on them.
+    if (proxy.routes.length === 0) {
+      throw new ConfigError('COS_API_URL', 'or COS_MANAGEMENT_API_URL or COS_OPTIMIZE_API_URL is required: the injected sidecars need an upstream (or set COS_INJECT_SIDECAR_FILE)')
+    }
+    const image = read(env, 'COS_INJECT_IMAGE')
+    if (image === undefined) throw new ConfigError('COS_INJECT_IMAGE', `is required without COS_INJECT_SIDECAR_FILE: it ${INJECT_VARIABLES.COS_INJECT_IMAGE.expect.replace(/^must be/, 'is')}`)
+    const defaultSecret = read(env, 'COS_INJECT_DEFAULT_SECRET')
+    const template = templateFromEnv({
       image,
-      nativeSidecar: read(env, 'COS_INJECT_NATIVE_SIDECAR') === 'true',
-      ...(defaultSecret === undefined ? {} : { defaultSecret }),
       upstreamEnv: passthrough(env, UPSTREAM_PASSTHROUGH),
       extraEnv: passthrough(env, EXTRA_PASSTHROUGH),
       shutdownDelayMs: proxy.shutdownDelayMs,
       shutdownTimeoutMs: proxy.shutdownTimeoutMs,
       logLevel: proxy.logLevel,
-    },
+    }, defaultSecret ?? 'cos-credentials')
+    settings = injectSettings(template, read(env, 'COS_INJECT_NATIVE_SIDECAR') === 'true', defaultSecret, opts.programVersion)
+  }
+  return Object.freeze({
+    listen: { host: read(env, 'COS_INJECT_HOST') as string, port: Number(read(env, 'COS_INJECT_PORT')) },
+    ...(tls === undefined ? {} : { tls }),
+    ...(sidecarFile === undefined ? {} : { sidecarFile }),
+    admin: proxy.admin,
+    logLevel: proxy.logLevel,
+    logFormat: proxy.logFormat,
+    shutdownDelayMs: proxy.shutdownDelayMs,
+    shutdownTimeoutMs: proxy.shutdownTimeoutMs,
+    settings,
   })
 }

@@ -1,12 +1,12 @@
 // The webhook's metrics, in a Registry of their own. Admission reviews come a
 // few a second at most: prom-client's labelled counters are cheap enough here.
-import { collectDefaultMetrics, Counter, Registry } from 'prom-client'
+import { collectDefaultMetrics, Counter, Gauge, Registry } from 'prom-client'
 import type { Outcome } from './patch.js'
 
 const PREFIX = 'cos_auth_proxy_inject_'
 
 export type ErrorKind = 'malformed' | 'internal'
-export type CertificateReload = 'applied' | 'rejected'
+export type Reload = 'applied' | 'rejected'
 
 export class InjectMetrics {
   readonly registry = new Registry()
@@ -16,6 +16,8 @@ export class InjectMetrics {
   private readonly refused: Counter<'annotation'>
   private readonly errors: Counter<'kind'>
   private readonly reloads: Counter<'result'>
+  private readonly sidecarReloads: Counter<'result'>
+  private readonly definition: Gauge<'version'>
 
   constructor (opts: { readonly defaultMetrics?: boolean } = {}) {
     const registers = [this.registry]
@@ -24,7 +26,12 @@ export class InjectMetrics {
     this.refused = new Counter({ name: `${PREFIX}refused_total`, help: 'Pods denied for a bad annotation value, by annotation.', labelNames: ['annotation'], registers })
     this.errors = new Counter({ name: `${PREFIX}errors_total`, help: 'Requests to /mutate answered with an error: malformed (400) or internal (500).', labelNames: ['kind'], registers })
     this.reloads = new Counter({ name: `${PREFIX}certificate_reloads_total`, help: 'Serving certificate changes on disk: applied, or rejected (unreadable or not a matching pair; the previous one stays).', labelNames: ['result'], registers })
-    for (const result of ['applied', 'rejected']) this.reloads.inc({ result }, 0)
+    this.sidecarReloads = new Counter({ name: `${PREFIX}sidecar_reloads_total`, help: 'Sidecar definition (COS_INJECT_SIDECAR_FILE) changes on disk: applied, or rejected (not valid JSON or fails the checks; the previous one stays).', labelNames: ['result'], registers })
+    this.definition = new Gauge({ name: `${PREFIX}sidecar_definition_info`, help: 'The definition injected now: version is the value new pods get in the cos-auth-proxy.io/injected-version annotation; running pods with another value have an out-of-date sidecar.', labelNames: ['version'], registers })
+    for (const result of ['applied', 'rejected']) {
+      this.reloads.inc({ result }, 0)
+      this.sidecarReloads.inc({ result }, 0)
+    }
     this.injected.inc(0)
     if (opts.defaultMetrics ?? true) collectDefaultMetrics({ register: this.registry })
   }
@@ -39,8 +46,18 @@ export class InjectMetrics {
     this.errors.inc({ kind })
   }
 
-  certificateReload (result: CertificateReload): void {
+  certificateReload (result: Reload): void {
     this.reloads.inc({ result })
+  }
+
+  sidecarReload (result: Reload): void {
+    this.sidecarReloads.inc({ result })
+  }
+
+  /** One series only: the definition served now. */
+  sidecarVersion (version: string): void {
+    this.definition.reset()
+    this.definition.set({ version }, 1)
   }
 
   text (): Promise<string> {

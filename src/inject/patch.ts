@@ -1,42 +1,18 @@
 // AdmissionReview (admission.k8s.io/v1) in, AdmissionReview out: the pure
 // core of `cos-auth-proxy inject`. No I/O: the same review always gets the
 // same answer (a dry run included), and Secrets are only named, never read.
-import { PROXY_METHODS } from '../config.js'
-import { credentialsVolume, graceSecondsNeeded, SIDECAR, sidecarContainer, type EnvVar } from './sidecar.js'
+import { allowedMethods, AnnotationProblem, ANNOTATIONS, atLeast, configMapName, envVarName, logLevel, port, quantity, secretName } from './annotations.js'
+import { personalize, type EnvVar } from './sidecar.js'
+import type { SidecarTemplate, TemplateFacts } from './template.js'
 
-const PREFIX = 'cos-auth-proxy.io/'
-export const ANNOTATIONS = {
-  inject: `${PREFIX}inject`,
-  secret: `${PREFIX}secret`,
-  env: `${PREFIX}env`,
-  allowedMethods: `${PREFIX}allowed-methods`,
-  cpu: `${PREFIX}cpu`,
-  memory: `${PREFIX}memory`,
-  port: `${PREFIX}port`,
-  /** Set by the webhook: the image injected. Its presence makes a re-invocation a no-op. */
-  injected: `${PREFIX}injected-version`,
-} as const
-
-export const DEFAULT_ENV_NAME = 'COS_PROXY_URL'
-
-/** The upstream route settings, by the variable that lists a route's methods. */
-export const ROUTE_METHOD_VARIABLES = {
-  COS_MANAGEMENT_API_URL: 'COS_MANAGEMENT_ALLOWED_METHODS',
-  COS_OPTIMIZE_API_URL: 'COS_OPTIMIZE_ALLOWED_METHODS',
-  COS_API_URL: 'COS_API_ALLOWED_METHODS',
-} as const
-
+/** One sidecar definition as the webhook applies it; replaced whole when the file changes. */
 export interface InjectSettings {
-  readonly image: string
+  readonly template: SidecarTemplate
+  readonly facts: TemplateFacts
   readonly nativeSidecar: boolean
   readonly defaultSecret?: string
-  /** COS_* upstream settings the sidecars get, in the chart's order. */
-  readonly upstreamEnv: readonly EnvVar[]
-  /** Further settings passed through (timeouts, token encoding, method lists). */
-  readonly extraEnv: readonly EnvVar[]
-  readonly shutdownDelayMs: number
-  readonly shutdownTimeoutMs: number
-  readonly logLevel: string
+  /** The value of the injected-version annotation (template.ts, definitionVersion). */
+  readonly version: string
 }
 
 export type SkipReason = 'not_a_pod' | 'not_create' | 'not_annotated' | 'already_injected'
@@ -156,7 +132,7 @@ function decide (request: Json, settings: InjectSettings): Outcome {
   if (request.operation !== 'CREATE') return { kind: 'skipped', reason: 'not_create' }
   const pod = readPod(request.object)
   if (pod.annotations[ANNOTATIONS.inject] !== 'true') return { kind: 'skipped', reason: 'not_annotated' }
-  if (pod.annotations[ANNOTATIONS.injected] !== undefined || hasSidecar(pod)) return { kind: 'skipped', reason: 'already_injected' }
+  if (pod.annotations[ANNOTATIONS.injected] !== undefined || hasSidecar(pod, settings.facts.name)) return { kind: 'skipped', reason: 'already_injected' }
   try {
     return { kind: 'injected', patch: patchFor(pod, settings) }
   } catch (err) {
@@ -165,16 +141,8 @@ function decide (request: Json, settings: InjectSettings): Outcome {
   }
 }
 
-function hasSidecar (pod: Pod): boolean {
-  return [...pod.containers, ...pod.initContainers ?? []].some(c => c.name === SIDECAR.containerName)
-}
-
-class AnnotationProblem extends Error {
-  readonly annotation: string
-  constructor (annotation: string, problem: string) {
-    super(problem)
-    this.annotation = annotation
-  }
+function hasSidecar (pod: Pod, name: string): boolean {
+  return [...pod.containers, ...pod.initContainers ?? []].some(c => c.name === name)
 }
 
 /** JSON Pointer escaping (RFC 6901) of one path segment. */
@@ -190,28 +158,23 @@ function patchFor (pod: Pod, settings: InjectSettings): PatchOperation[] {
     if (typeof v !== 'string') throw new AnnotationProblem(name, 'must be a string')
     return v.trim()
   }
-  const secret = secretName(text(ANNOTATIONS.secret), settings.defaultSecret)
+  const { facts } = settings
   const envName = envVarName(text(ANNOTATIONS.env))
-  const ports = choosePorts(pod, text(ANNOTATIONS.port))
+  const ports = choosePorts(pod, text(ANNOTATIONS.port), facts)
   const cpu = quantity(ANNOTATIONS.cpu, text(ANNOTATIONS.cpu), 'cpu')
   const memory = quantity(ANNOTATIONS.memory, text(ANNOTATIONS.memory), 'memory')
   const methods = allowedMethods(text(ANNOTATIONS.allowedMethods))
-
-  const container = sidecarContainer({
-    image: settings.image,
+  const configMap = configMapName(text(ANNOTATIONS.envFromConfigMap))
+  const { container, volumes } = personalize(settings.template, facts, {
     native: settings.nativeSidecar,
     proxyPort: ports.proxy,
     adminPort: ports.admin,
-    upstreamEnv: settings.upstreamEnv,
-    extraEnv: withMethods(settings, methods),
-    shutdownDelayMs: settings.shutdownDelayMs,
-    shutdownTimeoutMs: settings.shutdownTimeoutMs,
-    logLevel: settings.logLevel,
-    requests: { cpu: cpu?.text ?? SIDECAR.requests.cpu, memory: memory?.text ?? SIDECAR.requests.memory },
-    limits: {
-      cpu: atLeast(cpu, SIDECAR.limits.cpu),
-      memory: atLeast(memory, SIDECAR.limits.memory),
-    },
+    logLevel: logLevel(text(ANNOTATIONS.logLevel), facts.logLevel),
+    ...(methods === undefined ? {} : { methods }),
+    secret: secretName(text(ANNOTATIONS.secret), settings.defaultSecret),
+    requests: { cpu: cpu?.text ?? facts.requests.cpu, memory: memory?.text ?? facts.requests.memory },
+    limits: { cpu: atLeast(cpu, facts.limits.cpu), memory: atLeast(memory, facts.limits.memory) },
+    ...(configMap === undefined ? {} : { configMap }),
   })
 
   const ops: PatchOperation[] = []
@@ -225,47 +188,24 @@ function patchFor (pod: Pod, settings: InjectSettings): PatchOperation[] {
   else if (pod.initContainers === undefined) ops.push({ op: 'add', path: '/spec/initContainers', value: [container] })
   else ops.push({ op: 'add', path: '/spec/initContainers/0', value: container })
 
-  const volume = credentialsVolume(secret)
-  ops.push(pod.hasVolumes ? { op: 'add', path: '/spec/volumes/-', value: volume } : { op: 'add', path: '/spec/volumes', value: [volume] })
+  if (pod.hasVolumes) ops.push(...volumes.map(value => ({ op: 'add' as const, path: '/spec/volumes/-', value })))
+  else ops.push({ op: 'add', path: '/spec/volumes', value: volumes })
 
-  const need = graceSecondsNeeded(settings.shutdownDelayMs, settings.shutdownTimeoutMs)
   // Kubernetes' default is 30 s when the pod says nothing.
-  if ((pod.terminationGracePeriodSeconds ?? 30) < need) ops.push({ op: 'add', path: '/spec/terminationGracePeriodSeconds', value: need })
+  if ((pod.terminationGracePeriodSeconds ?? 30) < facts.graceSeconds) ops.push({ op: 'add', path: '/spec/terminationGracePeriodSeconds', value: facts.graceSeconds })
 
   // The inject annotation is there, so the map is too.
-  ops.push({ op: 'add', path: `/metadata/annotations/${pointer(ANNOTATIONS.injected)}`, value: settings.image })
+  ops.push({ op: 'add', path: `/metadata/annotations/${pointer(ANNOTATIONS.injected)}`, value: settings.version })
   return ops
 }
 
 function envOps (list: 'containers' | 'initContainers', containers: readonly Container[], url: EnvVar): PatchOperation[] {
   const ops: PatchOperation[] = []
   containers.forEach((c, i) => {
-    if (c.name === SIDECAR.containerName) return
     if (c.env === undefined || c.env === null) ops.push({ op: 'add', path: `/spec/${list}/${i}/env`, value: [url] })
     else if (!c.env.some(e => e.name === url.name)) ops.push({ op: 'add', path: `/spec/${list}/${i}/env/-`, value: url })
   })
   return ops
-}
-
-// DNS-1123 subdomain, as Secret names are.
-const SECRET_NAME = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$/
-
-function secretName (annotated: string | undefined, fallback: string | undefined): string {
-  if (annotated === undefined) {
-    if (fallback === undefined) throw new AnnotationProblem(ANNOTATIONS.secret, 'is required: this webhook has no default Secret (COS_INJECT_DEFAULT_SECRET)')
-    return fallback
-  }
-  if (annotated.length > 253 || !SECRET_NAME.test(annotated)) throw new AnnotationProblem(ANNOTATIONS.secret, `must be a Secret name (lower-case DNS subdomain), got ${JSON.stringify(annotated)}`)
-  return annotated
-}
-
-// What the API server accepts as an environment variable name.
-const ENV_NAME = /^[-._a-zA-Z][-._a-zA-Z0-9]*$/
-
-function envVarName (annotated: string | undefined): string {
-  if (annotated === undefined) return DEFAULT_ENV_NAME
-  if (!ENV_NAME.test(annotated)) throw new AnnotationProblem(ANNOTATIONS.env, `must be an environment variable name like ${DEFAULT_ENV_NAME}, got ${JSON.stringify(annotated)}`)
-  return annotated
 }
 
 function declaredPorts (pod: Pod): Map<number, string> {
@@ -282,64 +222,17 @@ function firstFree (from: number, taken: (port: number) => boolean): number {
   return port
 }
 
-/** The proxy and admin ports: the defaults unless a container declares them. */
-function choosePorts (pod: Pod, annotated: string | undefined): { proxy: number, admin: number } {
+/** The proxy and admin ports: the definition's unless a container declares them. */
+function choosePorts (pod: Pod, annotated: string | undefined, facts: TemplateFacts): { proxy: number, admin: number } {
   const declared = declaredPorts(pod)
   let proxy: number
   if (annotated === undefined) {
-    proxy = firstFree(SIDECAR.proxyPort, p => declared.has(p))
+    proxy = firstFree(facts.proxyPort, p => declared.has(p))
   } else {
-    proxy = /^[0-9]{1,5}$/.test(annotated) ? Number(annotated) : NaN
-    if (!(proxy >= 1 && proxy <= 65535)) throw new AnnotationProblem(ANNOTATIONS.port, `must be a port number 1-65535, got ${JSON.stringify(annotated)}`)
+    proxy = port(annotated)
     const owner = declared.get(proxy)
     if (owner !== undefined) throw new AnnotationProblem(ANNOTATIONS.port, `${proxy} clashes with a port of container ${JSON.stringify(owner)}`)
   }
-  const admin = firstFree(SIDECAR.adminPort, p => declared.has(p) || p === proxy)
+  const admin = firstFree(facts.adminPort, p => declared.has(p) || p === proxy)
   return { proxy, admin }
-}
-
-interface Quantity { readonly text: string, readonly value: number }
-
-// A Kubernetes resource quantity: decimal number and an SI or binary suffix.
-const QUANTITY = /^([0-9]+(?:\.[0-9]+)?|\.[0-9]+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$/
-const FACTOR: Readonly<Record<string, number>> = {
-  '': 1, m: 1e-3, k: 1e3, M: 1e6, G: 1e9, T: 1e12, P: 1e15, E: 1e18, Ki: 2 ** 10, Mi: 2 ** 20, Gi: 2 ** 30, Ti: 2 ** 40, Pi: 2 ** 50, Ei: 2 ** 60,
-}
-
-function parseQuantity (text: string): number | undefined {
-  const m = QUANTITY.exec(text)
-  if (m === null) return undefined
-  return Number(m[1]) * (FACTOR[m[2] ?? ''] ?? NaN)
-}
-
-function quantity (annotation: string, text: string | undefined, what: 'cpu' | 'memory'): Quantity | undefined {
-  if (text === undefined) return undefined
-  const value = parseQuantity(text)
-  if (value === undefined || !(value > 0)) {
-    throw new AnnotationProblem(annotation, `must be a positive ${what} quantity like ${what === 'cpu' ? '100m or 0.5' : '128Mi or 1Gi'}, got ${JSON.stringify(text)}`)
-  }
-  return { text, value }
-}
-
-/** The annotation sets the request; the limit is raised to it when the default is lower. */
-function atLeast (request: Quantity | undefined, limit: string): string {
-  return request !== undefined && request.value > (parseQuantity(limit) ?? 0) ? request.text : limit
-}
-
-function allowedMethods (annotated: string | undefined): string | undefined {
-  if (annotated === undefined) return undefined
-  const methods = annotated.split(',').map(m => m.trim().toUpperCase()).filter(m => m !== '')
-  const unknown = methods.find(m => !(PROXY_METHODS as readonly string[]).includes(m))
-  if (methods.length === 0 || unknown !== undefined) {
-    throw new AnnotationProblem(ANNOTATIONS.allowedMethods, `must be a comma-separated list of ${PROXY_METHODS.join(', ')}${unknown === undefined ? '' : `, got ${JSON.stringify(unknown)}`}`)
-  }
-  return [...new Set(methods)].join(',')
-}
-
-/** The annotation's method list on every configured route, in place of the webhook's own. */
-function withMethods (settings: InjectSettings, methods: string | undefined): EnvVar[] {
-  if (methods === undefined) return [...settings.extraEnv]
-  const lists = new Set<string>(Object.values(ROUTE_METHOD_VARIABLES))
-  const routes = settings.upstreamEnv.flatMap(e => e.name in ROUTE_METHOD_VARIABLES ? [ROUTE_METHOD_VARIABLES[e.name as keyof typeof ROUTE_METHOD_VARIABLES]] : [])
-  return [...settings.extraEnv.filter(e => !lists.has(e.name)), ...routes.map(name => ({ name, value: methods }))]
 }

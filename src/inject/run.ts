@@ -10,6 +10,7 @@ import { createLogger, inLogFormat, stdoutDestination } from '../logger.js'
 import { loadInjectConfig, type InjectConfig } from './config.js'
 import { InjectMetrics } from './metrics.js'
 import { buildWebhookServer } from './server.js'
+import { SidecarSource } from './source.js'
 
 export interface RunningWebhook {
   readonly address: AddressInfo
@@ -19,9 +20,15 @@ export interface RunningWebhook {
 }
 
 /** Starts both listeners. The caller decides what a signal does (runInject: drain, then exit). */
-export async function startWebhook (config: InjectConfig, logger: Logger): Promise<RunningWebhook> {
+export async function startWebhook (config: InjectConfig, logger: Logger, programVersion: string, env: NodeJS.ProcessEnv = process.env): Promise<RunningWebhook> {
   const metrics = new InjectMetrics()
-  const app = await buildWebhookServer({ settings: config.settings, tls: config.tls, metrics, logger })
+  metrics.sidecarVersion(config.settings.version)
+  const source = config.sidecarFile === undefined ? undefined : new SidecarSource(config.settings, { file: config.sidecarFile, env, programVersion, metrics, logger })
+  const settings = source?.current ?? ((): InjectConfig['settings'] => config.settings)
+  if (config.tls === undefined) throw new Error('startWebhook needs the serving certificate (loadInjectConfig with serving)')
+  const app = await buildWebhookServer({ settings, tls: config.tls, metrics, logger })
+  source?.start()
+  app.addHook('onClose', (_instance, done) => { source?.close(); done() })
   let listening = false
   let draining = false
   const readiness = (): Readiness => {
@@ -48,21 +55,23 @@ export async function startWebhook (config: InjectConfig, logger: Logger): Promi
   const admin = buildAdminServer({ metrics, readiness, onQuit: () => { void stop('quitquitquit') }, logger, limits: { maxConnections: config.admin.maxConnections } })
   const { address, adminAddress, fields } = await listenWithAdmin(app, config.listen, admin, config.admin)
   listening = true
+  const current = settings()
   logger.info({
     ...fields,
-    image: config.settings.image,
-    nativeSidecar: config.settings.nativeSidecar,
-    defaultSecret: config.settings.defaultSecret ?? null,
-    upstream: config.settings.upstreamEnv,
+    image: current.template.container.image,
+    version: current.version,
+    sidecarFile: config.sidecarFile ?? null,
+    nativeSidecar: current.nativeSidecar,
+    defaultSecret: current.defaultSecret ?? null,
   }, 'cos-auth-proxy injection webhook listening')
   return { address, adminAddress, stop }
 }
 
 /** The `inject` command: ConfigError propagates (exit 78 in cli.ts). */
-export async function runInject (): Promise<void> {
-  const config = loadInjectConfig()
+export async function runInject (programVersion: string): Promise<void> {
+  const config = loadInjectConfig(process.env, { programVersion })
   const logger = createLogger(config.logLevel, await inLogFormat(config.logFormat, stdoutDestination()))
-  const webhook = await startWebhook(config, logger)
+  const webhook = await startWebhook(config, logger, programVersion)
   let signalled = false
   const onSignal = (signal: string): void => {
     if (signalled) {

@@ -13,7 +13,8 @@ import { answerReview, MalformedReview, type InjectSettings } from './patch.js'
 export interface CertificateFiles { readonly certFile: string, readonly keyFile: string }
 
 export interface WebhookOptions {
-  readonly settings: InjectSettings
+  /** Asked per review: the definition can be replaced while serving (source.ts). */
+  readonly settings: () => InjectSettings
   readonly tls: CertificateFiles
   readonly metrics: InjectMetrics
   readonly logger: FastifyBaseLogger
@@ -64,8 +65,9 @@ export async function buildWebhookServer (opts: WebhookOptions): Promise<Fastify
 
   app.post('/mutate', (request, reply) => {
     let answer
+    const current = settings()
     try {
-      answer = answerReview(request.body, settings)
+      answer = answerReview(request.body, current)
     } catch (err) {
       if (!(err instanceof MalformedReview)) throw err
       metrics.error('malformed')
@@ -77,7 +79,7 @@ export async function buildWebhookServer (opts: WebhookOptions): Promise<Fastify
     metrics.outcome(outcome)
     const req = (request.body as { request: { namespace?: unknown, name?: unknown, dryRun?: unknown } }).request
     const where = { uid: review.response.uid, namespace: req.namespace, name: req.name, dryRun: req.dryRun === true }
-    if (outcome.kind === 'injected') request.log.info(where, 'sidecar injected')
+    if (outcome.kind === 'injected') request.log.info({ ...where, version: current.version }, 'sidecar injected')
     else if (outcome.kind === 'refused') request.log.warn({ ...where, annotation: outcome.annotation, problem: outcome.message }, 'pod refused: bad annotation')
     else request.log.debug({ ...where, reason: outcome.reason }, 'review skipped')
     void reply.send(review)

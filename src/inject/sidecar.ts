@@ -1,9 +1,12 @@
-// The container the webhook injects. It is the chart's sidecar
-// (helm/cos-auth-proxy/templates/_helpers.tpl, `cos-auth-proxy.containerSpec`
-// with the chart's default values): test/inject/patch.test.ts compares the
-// two field by field against examples/sidecar-parent-chart/rendered/native.yaml,
-// which scripts/ci-packaging.sh keeps equal to what the chart renders, so
-// neither can drift from the other unnoticed.
+// The container the webhook injects. With COS_INJECT_SIDECAR_FILE it is the
+// chart's own sidecar as rendered into the injector's ConfigMap
+// (template.ts), adjusted per pod here (personalize); without one,
+// sidecarContainer builds the chart's sidecar with its default values:
+// test/inject/chart.test.ts and patch.test.ts compare both field by field with what the chart
+// renders (test/fixtures/chart/, examples/sidecar-parent-chart/rendered/),
+// which scripts/ci-packaging.sh keeps current, so neither can drift unnoticed.
+import { VARIABLES } from '../config.js'
+import type { SidecarTemplate, TemplateFacts } from './template.js'
 
 export interface EnvVar { readonly name: string, readonly value: string }
 
@@ -108,7 +111,91 @@ export function credentialsVolume (secretName: string): Record<string, unknown> 
   }
 }
 
-/** Seconds the pod must grant at least, as the chart computes them. */
-export function graceSecondsNeeded (shutdownDelayMs: number, shutdownTimeoutMs: number): number {
-  return Math.ceil((shutdownDelayMs + shutdownTimeoutMs) / 1000) + SIDECAR.graceMarginSeconds
+/** The image's NODE_OPTIONS (Dockerfile): pinned as it is when a pod's ConfigMap is used. */
+export const IMAGE_NODE_OPTIONS = '--max-old-space-size-percentage=50'
+
+/**
+ * What a pod's own ConfigMap (cos-auth-proxy.io/env-from-configmap) may set:
+ * tuning of the sidecar itself, nothing that changes where it sends signed
+ * requests, through which proxy, trusting which CA, or who may call it.
+ */
+export const CONFIGMAP_TUNABLE: readonly string[] = [
+  'COS_TOKEN_ENCODING', 'COS_CLOCK_SKEW_CORRECTION', 'COS_UPSTREAM_TIMEOUT_MS', 'COS_CONNECT_TIMEOUT_MS', 'COS_UPSTREAM_MAX_CONNECTIONS',
+  'COS_LOG_FORMAT', 'COS_CREDENTIALS_RELOAD_MS', 'COS_ADMIN_MAX_CONNECTIONS', 'COS_BODY_IDLE_TIMEOUT_MS', 'COS_MAX_BODY_BYTES',
+  'COS_HEADERS_TIMEOUT_MS', 'COS_REQUEST_TIMEOUT_MS', 'COS_KEEPALIVE_TIMEOUT_MS', 'COS_MAX_CONNECTIONS',
+]
+
+/** Read by Node itself: an extra CA, TLS checks off, an inspector, an egress proxy for fetch. */
+const NODE_PINNED: Readonly<Record<string, string>> = {
+  NODE_OPTIONS: IMAGE_NODE_OPTIONS, NODE_EXTRA_CA_CERTS: '', NODE_TLS_REJECT_UNAUTHORIZED: '', NODE_USE_ENV_PROXY: '', NODE_USE_SYSTEM_CA: '', SSL_CERT_FILE: '', SSL_CERT_DIR: '',
+}
+
+/**
+ * In Kubernetes an `env` entry wins over the same name from `envFrom`: every
+ * variable a ConfigMap must not set gets one (empty is unset for the proxy
+ * and for Node), unless the definition sets it already.
+ */
+export function pinnedEnv (): EnvVar[] {
+  const proxy = Object.keys(VARIABLES).filter(name => !CONFIGMAP_TUNABLE.includes(name)).map(name => ({ name, value: '' }))
+  return [...proxy, ...Object.entries(NODE_PINNED).map(([name, value]) => ({ name, value }))]
+}
+
+/** What differs per pod, from its annotations and ports. */
+export interface PodChoices {
+  readonly native: boolean
+  readonly proxyPort: number
+  readonly adminPort: number
+  readonly logLevel: string
+  /** The method list for every configured route, in place of the definition's. */
+  readonly methods?: string
+  readonly secret: string
+  readonly requests: { readonly cpu?: string | undefined, readonly memory?: string | undefined }
+  readonly limits: { readonly cpu?: string | undefined, readonly memory?: string | undefined }
+  readonly configMap?: string
+}
+
+type Json = Record<string, unknown>
+
+/** The definition's quantities with the pod's on top; nothing when neither has any. */
+function merged (base: unknown, add: Record<string, string | undefined>): Json | undefined {
+  const extra = Object.fromEntries(Object.entries(add).filter(e => e[1] !== undefined))
+  if (base === undefined && Object.keys(extra).length === 0) return undefined
+  return { ...base as Json, ...extra }
+}
+
+/** The definition's container and volumes for one pod: only what PodChoices names changes. */
+export function personalize (t: SidecarTemplate, facts: TemplateFacts, p: PodChoices): { container: Json, volumes: Json[] } {
+  const set: Record<string, string> = { COS_LISTEN_PORT: String(p.proxyPort), COS_ADMIN_PORT: String(p.adminPort), COS_LOG_LEVEL: p.logLevel }
+  const lists = /^COS_[A-Z]+_ALLOWED_METHODS$/
+  let env: Json[] = (structuredClone(t.container.env) as Json[])
+    .filter(e => p.methods === undefined || !lists.test(e.name as string))
+    .map(e => (e.name as string) in set ? { name: e.name, value: set[e.name as string] } : e)
+  const { methods, configMap } = p
+  if (methods !== undefined) env.push(...facts.methodVariables.map(name => ({ name, value: methods })))
+  if (configMap !== undefined) {
+    const named = new Set(env.map(e => e.name))
+    env = [...env, ...pinnedEnv().filter(e => !named.has(e.name)).map(e => ({ ...e }))]
+  }
+  const admin = (n: unknown): unknown => n === facts.adminPort ? p.adminPort : n
+  const container: Json = {}
+  for (const [key, value] of Object.entries(structuredClone(t.container))) {
+    if (key === 'restartPolicy') continue
+    if (key === 'env') {
+      container.env = env
+      if (p.configMap !== undefined) container.envFrom = [{ configMapRef: { name: p.configMap } }]
+    } else if (key === 'ports') container.ports = (value as Json[]).map(port => ({ ...port, containerPort: admin(port.containerPort) }))
+    else if (/^(startup|readiness|liveness)Probe$/.test(key) && typeof (value as Json).httpGet === 'object') {
+      const probe = value as { httpGet: Json }
+      container[key] = { ...probe, httpGet: { ...probe.httpGet, port: admin(probe.httpGet.port) } }
+    } else if (key === 'resources') {
+      const r = value as Json
+      const limits = merged(r.limits, p.limits)
+      const requests = merged(r.requests, p.requests)
+      container.resources = { ...r, ...(limits === undefined ? {} : { limits }), ...(requests === undefined ? {} : { requests }) }
+    } else container[key] = value
+    // Where the chart writes it, after imagePullPolicy.
+    if (key === 'imagePullPolicy' && p.native) container.restartPolicy = 'Always'
+  }
+  const volumes = t.volumes.map(v => v.name === facts.credentialsVolume ? { ...v, secret: { ...v.secret as Json, secretName: p.secret } } : structuredClone(v))
+  return { container, volumes }
 }

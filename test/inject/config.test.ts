@@ -4,7 +4,11 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import t from 'tap'
 import { ConfigError } from '../../src/config.js'
-import { loadInjectConfig } from '../../src/inject/config.js'
+import { loadInjectConfig as load } from '../../src/inject/config.js'
+import { envOf } from '../../src/inject/template.js'
+
+const loadInjectConfig = (env: NodeJS.ProcessEnv): ReturnType<typeof load> => load(env, { programVersion: '0.1.0' })
+const sidecarEnv = (c: ReturnType<typeof load>): { name: string, value: string }[] => envOf(c.settings.template.container)
 
 const dir = mkdtempSync(join(tmpdir(), 'cos-inject-config-'))
 t.teardown(() => rmSync(dir, { recursive: true, force: true }))
@@ -22,14 +26,15 @@ t.test('defaults: 0.0.0.0:8443, native sidecars, no default Secret', async t => 
   t.same(c.listen, { host: '0.0.0.0', port: 8443 })
   t.equal(c.settings.nativeSidecar, true)
   t.equal(c.settings.defaultSecret, undefined)
-  t.same(c.settings.upstreamEnv, [{ name: 'COS_API_URL', value: 'https://api.cos.example.com' }])
+  t.same(sidecarEnv(c).filter(e => e.name.endsWith('_URL')), [{ name: 'COS_API_URL', value: 'https://api.cos.example.com' }])
+  t.equal(c.sidecarFile, undefined, 'no file: the definition comes from the environment')
 })
 
 t.test('COS_LOG_FORMAT sets the webhook\'s own lines (JSON by default) and is not handed to the sidecars, whose lines a collector reads', async t => {
   t.equal(loadInjectConfig(BASE).logFormat, 'json')
   const c = loadInjectConfig({ ...BASE, COS_LOG_FORMAT: 'pretty' })
   t.equal(c.logFormat, 'pretty')
-  t.notOk([...c.settings.upstreamEnv, ...c.settings.extraEnv].some(e => e.name === 'COS_LOG_FORMAT'), 'not passed through')
+  t.notOk(sidecarEnv(c).some(e => e.name === 'COS_LOG_FORMAT'), 'not passed through')
   t.throws(() => loadInjectConfig({ ...BASE, COS_LOG_FORMAT: 'text' }), { name: 'ConfigError', variable: 'COS_LOG_FORMAT' })
 })
 
@@ -47,9 +52,11 @@ t.test('the upstream settings are handed to the sidecars; the webhook\'s egress 
   })
   t.equal(c.settings.nativeSidecar, false)
   t.equal(c.settings.defaultSecret, 'cos-credentials')
-  t.same(c.settings.upstreamEnv.map(e => e.name), ['COS_MANAGEMENT_API_URL', 'COS_API_URL', 'COS_MANAGEMENT_PATH_PREFIX'])
-  t.same(c.settings.extraEnv, [{ name: 'COS_UPSTREAM_TIMEOUT_MS', value: '20000' }, { name: 'COS_MANAGEMENT_ALLOWED_METHODS', value: 'GET' }])
-  t.equal(c.settings.shutdownDelayMs, 5000)
+  const names = sidecarEnv(c).map(e => e.name)
+  t.same(names.filter(n => /_URL$|_PREFIX$/.test(n)), ['COS_MANAGEMENT_API_URL', 'COS_API_URL', 'COS_MANAGEMENT_PATH_PREFIX'])
+  t.same(sidecarEnv(c).slice(-2), [{ name: 'COS_UPSTREAM_TIMEOUT_MS', value: '20000' }, { name: 'COS_MANAGEMENT_ALLOWED_METHODS', value: 'GET' }])
+  t.notOk(names.includes('HTTPS_PROXY'))
+  t.equal(sidecarEnv(c).find(e => e.name === 'COS_SHUTDOWN_DELAY_MS')?.value, '5000')
 })
 
 t.test('a method list for a route the webhook does not configure is a ConfigError naming it, as for serve', async t => {

@@ -30,7 +30,8 @@ t.test('the example chart\'s pod gets the sidecar the chart renders, first in in
   t.same((spec.initContainers?.[0]?.startupProbe as Json).httpGet, { path: '/readyz', port: 9090 })
   t.same(envOf(spec.containers[0]).at(-1), { name: 'COS_PROXY_URL', value: 'http://127.0.0.1:8080' })
   t.equal(spec.terminationGracePeriodSeconds, 30, 'raised from 10 to the drain: 5 + 20 + 5 s')
-  t.equal(annotations['cos-auth-proxy.io/injected-version'], 'registry.example.com/cos-auth-proxy:0.1.0')
+  t.equal(annotations['cos-auth-proxy.io/injected-version'], EXAMPLE_SETTINGS.version)
+  t.match(EXAMPLE_SETTINGS.version, /^0\.1\.0-[0-9a-f]{12}$/, 'program version and a short hash of the definition')
 })
 
 t.test('the credential Secret is mounted as a read-only directory, never through subPath, and the proxy reads files in it', async t => {
@@ -164,6 +165,8 @@ const BAD: [string, string, RegExp][] = [
   ['cos-auth-proxy.io/memory', '0', /positive/],
   ['cos-auth-proxy.io/secret', 'Team_A', /Secret name/],
   ['cos-auth-proxy.io/env', '1=x', /variable name/],
+  ['cos-auth-proxy.io/log-level', 'verbose', /one of fatal, error, warn, info, debug, trace, silent/],
+  ['cos-auth-proxy.io/env-from-configmap', 'Team_Env', /ConfigMap name/],
 ]
 
 for (const [annotation, value, problem] of BAD) {

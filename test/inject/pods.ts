@@ -8,11 +8,15 @@ import { fileURLToPath } from 'node:url'
 import jsonpatch from 'fast-json-patch'
 import { Pod } from 'kubernetes-models/v1/Pod'
 import { parseAllDocuments } from 'yaml'
+import { loadInjectConfig } from '../../src/inject/config.js'
 import type { InjectSettings } from '../../src/inject/patch.js'
+import { injectSettings, parseSidecarFile } from '../../src/inject/template.js'
 
 type Json = Record<string, unknown>
 
 const RENDERED = fileURLToPath(new URL('../../examples/sidecar-parent-chart/rendered/', import.meta.url))
+/** scripts/render-injector-fixture.sh: the example chart and the injector's ConfigMap, from helm/cos-auth-proxy/ci/injector-values.yaml. */
+export const CHART_FIXTURE = fileURLToPath(new URL('../fixtures/chart/injector.yaml', import.meta.url))
 
 function clone<T> (v: T): T {
   return structuredClone(v)
@@ -36,7 +40,10 @@ export function chartSidecar (variant: 'native' | 'plain'): Json {
 
 /** The example's app pod as its team would write it without the sidecar, asking for injection. */
 export function appPod (annotations: Record<string, string> = {}): Json {
-  const pod = chartPod('native')
+  return withoutSidecar(chartPod('native'), annotations)
+}
+
+function withoutSidecar (pod: Json, annotations: Record<string, string>): Json {
   const spec = pod.spec as Json
   delete spec.initContainers
   delete spec.volumes
@@ -69,19 +76,41 @@ export function podReview (pod: Json, extra: Json = {}): Json {
   }
 }
 
-/** What the example chart's values give its sidecar, as the webhook's settings. */
-export const EXAMPLE_SETTINGS: InjectSettings = {
-  image: 'registry.example.com/cos-auth-proxy:0.1.0',
-  nativeSidecar: true,
-  defaultSecret: 'cos-credentials',
-  upstreamEnv: [
-    { name: 'COS_MANAGEMENT_API_URL', value: 'https://management.cos.example.com/api' },
-    { name: 'COS_OPTIMIZE_API_URL', value: 'https://optimize.cos.example.com/api' },
-  ],
-  extraEnv: [],
-  shutdownDelayMs: 5000,
-  shutdownTimeoutMs: 20000,
-  logLevel: 'info',
+/** What the example chart's values give its sidecar, as the webhook's settings (from the environment, no file). */
+export const EXAMPLE_SETTINGS: InjectSettings = loadInjectConfig({
+  COS_INJECT_IMAGE: 'registry.example.com/cos-auth-proxy:0.1.0',
+  COS_INJECT_DEFAULT_SECRET: 'cos-credentials',
+  COS_MANAGEMENT_API_URL: 'https://management.cos.example.com/api',
+  COS_OPTIMIZE_API_URL: 'https://optimize.cos.example.com/api',
+  // The chart's shutdown.* (the proxy's own defaults differ).
+  COS_SHUTDOWN_DELAY_MS: '5000',
+  COS_SHUTDOWN_TIMEOUT_MS: '20000',
+}, { programVersion: '0.1.0', serving: false }).settings
+
+function fixtureDocs (): Json[] {
+  return parseAllDocuments(readFileSync(CHART_FIXTURE, 'utf8')).map(d => d.toJS() as Json | null).filter((d): d is Json => d !== null)
+}
+
+/** The sidecar definition as the chart renders it into the injector's ConfigMap. */
+export function fixtureSidecarFile (): string {
+  const map = fixtureDocs().find(d => d.kind === 'ConfigMap') as { data: { 'sidecar.json': string } }
+  return map.data['sidecar.json']
+}
+
+/** The webhook's settings with the fixture's ConfigMap as COS_INJECT_SIDECAR_FILE. */
+export function fixtureSettings (nativeSidecar = true): InjectSettings {
+  return injectSettings(parseSidecarFile(fixtureSidecarFile()), nativeSidecar, 'cos-credentials', '0.1.0')
+}
+
+/** The example chart's pod, rendered with the same values: the chart's own sidecar. */
+export function fixturePod (): Json {
+  const deployment = fixtureDocs().find(d => d.kind === 'Deployment') as { spec: { template: Json } }
+  return { apiVersion: 'v1', kind: 'Pod', ...clone(deployment.spec.template) }
+}
+
+/** fixturePod without its sidecar and volumes, asking for injection. */
+export function fixtureAppPod (annotations: Record<string, string> = {}): Json {
+  return withoutSidecar(fixturePod(), annotations)
 }
 
 export interface PatchedPod {

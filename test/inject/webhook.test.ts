@@ -31,7 +31,7 @@ function certDir (pki: Pki): { dir: string, certFile: string, keyFile: string } 
 
 async function startWebhook (t: Test, files: { certFile: string, keyFile: string }): Promise<{ port: number, metrics: InjectMetrics }> {
   const metrics = new InjectMetrics({ defaultMetrics: false })
-  const app = await buildWebhookServer({ settings: EXAMPLE_SETTINGS, tls: files, metrics, logger: pino({ level: 'silent' }), certificateCheckMs: 25 })
+  const app = await buildWebhookServer({ settings: () => EXAMPLE_SETTINGS, tls: files, metrics, logger: pino({ level: 'silent' }), certificateCheckMs: 25 })
   await app.listen({ host: '127.0.0.1', port: 0 })
   t.teardown(() => app.close())
   const address = app.server.address()

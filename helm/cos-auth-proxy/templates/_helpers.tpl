@@ -118,19 +118,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if eq $v.credentials.accessKeyKey $v.credentials.accessKeySecretKey -}}
 {{- fail "cos-auth-proxy: credentials.accessKeyKey and credentials.accessKeySecretKey must differ" -}}
 {{- end -}}
-{{- $tls := $v.upstream.tls -}}
-{{- if and (or $tls.caKey $tls.clientCertKey $tls.clientKeyKey) (not $tls.existingSecret) -}}
-{{- fail "cos-auth-proxy: upstream.tls.*Key need upstream.tls.existingSecret" -}}
-{{- end -}}
-{{- if and $tls.existingSecret (not (or $tls.caKey $tls.clientCertKey)) -}}
-{{- fail "cos-auth-proxy: upstream.tls.existingSecret needs upstream.tls.caKey and/or upstream.tls.clientCertKey" -}}
-{{- end -}}
-{{- if ne (empty $tls.clientCertKey) (empty $tls.clientKeyKey) -}}
-{{- fail "cos-auth-proxy: upstream.tls.clientCertKey and upstream.tls.clientKeyKey go together" -}}
-{{- end -}}
-{{- if eq (int $v.proxy.port) (int $v.admin.port) -}}
-{{- fail "cos-auth-proxy: proxy.port and admin.port must differ" -}}
-{{- end -}}
+{{- include "cos-auth-proxy.validateSidecarValues" . -}}
 {{- $need := add $v.shutdown.delaySeconds $v.shutdown.timeoutSeconds 1 -}}
 {{- if lt (int (include "cos-auth-proxy.terminationGracePeriodSeconds" .)) (int $need) -}}
 {{- fail (printf "cos-auth-proxy: terminationGracePeriodSeconds (%v) must be at least shutdown.delaySeconds + shutdown.timeoutSeconds + 1 (%v), or the kubelet kills the drain" $v.terminationGracePeriodSeconds $need) -}}
@@ -151,6 +139,24 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 {{- if and (eq $v.mode "sidecar") $v.sidecar.native (semverCompare "<1.29.0-0" .Capabilities.KubeVersion.Version) -}}
 {{- fail (printf "cos-auth-proxy: sidecar.native needs Kubernetes >= 1.29 (target %s): set sidecar.native=false, or pass --kube-version" .Capabilities.KubeVersion.Version) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Checks of the values that shape the sidecar itself: the chart's and the injector's alike. */}}
+{{- define "cos-auth-proxy.validateSidecarValues" -}}
+{{- $v := .Values -}}
+{{- $tls := $v.upstream.tls -}}
+{{- if and (or $tls.caKey $tls.clientCertKey $tls.clientKeyKey) (not $tls.existingSecret) -}}
+{{- fail "cos-auth-proxy: upstream.tls.*Key need upstream.tls.existingSecret" -}}
+{{- end -}}
+{{- if and $tls.existingSecret (not (or $tls.caKey $tls.clientCertKey)) -}}
+{{- fail "cos-auth-proxy: upstream.tls.existingSecret needs upstream.tls.caKey and/or upstream.tls.clientCertKey" -}}
+{{- end -}}
+{{- if ne (empty $tls.clientCertKey) (empty $tls.clientKeyKey) -}}
+{{- fail "cos-auth-proxy: upstream.tls.clientCertKey and upstream.tls.clientKeyKey go together" -}}
+{{- end -}}
+{{- if eq (int $v.proxy.port) (int $v.admin.port) -}}
+{{- fail "cos-auth-proxy: proxy.port and admin.port must differ" -}}
 {{- end -}}
 {{- end -}}
 

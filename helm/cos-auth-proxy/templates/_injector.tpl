@@ -26,6 +26,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- printf "%s-tls" (include "cos-auth-proxy.injector.fullname" .) -}}
 {{- end -}}
 
+{{- define "cos-auth-proxy.injector.sidecarConfigMapName" -}}
+{{- printf "%s-sidecar" (include "cos-auth-proxy.injector.fullname" .) -}}
+{{- end -}}
+
 {{- define "cos-auth-proxy.injector.serviceHost" -}}
 {{- printf "%s.%s.svc" (include "cos-auth-proxy.injector.fullname" .) .Release.Namespace -}}
 {{- end -}}
@@ -37,6 +41,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 {{- if and $v.injector.nativeSidecar (semverCompare "<1.29.0-0" .Capabilities.KubeVersion.Version) -}}
 {{- fail (printf "cos-auth-proxy: injector.nativeSidecar needs Kubernetes >= 1.29 (target %s): set injector.nativeSidecar=false, or pass --kube-version" .Capabilities.KubeVersion.Version) -}}
+{{- end -}}
+{{- include "cos-auth-proxy.validateSidecarValues" . -}}
+{{- if eq (int $v.proxy.port) (int $v.admin.port) -}}
+{{- fail "cos-auth-proxy: proxy.port and admin.port must differ" -}}
 {{- end -}}
 {{- if eq (int $v.injector.port) (int $v.admin.port) -}}
 {{- fail "cos-auth-proxy: injector.port and admin.port must differ" -}}
