@@ -119,7 +119,8 @@ export function answerFailedUpstreamBodies (fastify: FastifyInstance, onError: O
  * one) streams through as before: bodies are never buffered beyond
  * SMALL_BODY_BYTES.
  */
-export function forwardUpstreamResponse (onError: OnError, authRefused?: (route: RouteName, status: RefusalStatus) => void): OnResponse {
+export function forwardUpstreamResponse (onError: OnError, authRefused?: (route: RouteName, status: RefusalStatus) => void,
+  observer?: { readonly upstreamResponse?: (route: RouteName, status: number) => void }): OnResponse {
   return (request, reply, res) => {
     const upstream = res as unknown as UpstreamResponse
     try {
@@ -132,15 +133,14 @@ export function forwardUpstreamResponse (onError: OnError, authRefused?: (route:
   }
 
   function forwardResponse (request: ProxyRequest, reply: ProxyReply, { statusCode, headers, stream }: UpstreamResponse): void {
+    const route = request.routeOptions.config.routeName
+    if (route !== undefined) observer?.upstreamResponse?.(route, statusCode)
     // reply-from comes here even after answering 502 to a status Fastify refuses.
     if (reply.sent) {
       stream.destroy()
       return
     }
-    if ((statusCode === 401 || statusCode === 403) && authRefused !== undefined) {
-      const route = request.routeOptions.config.routeName
-      if (route !== undefined) authRefused(route, statusCode)
-    }
+    if ((statusCode === 401 || statusCode === 403) && route !== undefined) authRefused?.(route, statusCode)
     if (request.method === 'HEAD' || statusCode === 204 || statusCode === 304) {
       sendHeadOnly(reply, statusCode, stream)
       return

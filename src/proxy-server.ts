@@ -215,6 +215,7 @@ export function metricsObserver (metrics: ProxyMetrics): ProxyObserver & Request
     upstreamError: (route, err) => metrics.upstreamError(route, classifyUpstreamError(err)),
     retried: (route, reason) => metrics.retried(route, reason),
     tokenMinted: () => metrics.tokenMinted(),
+    upstreamResponse: (route, status) => metrics.upstreamResponse(route, status),
     responseFailed: route => metrics.responseFailed(route),
     upstreamClockSkew: seconds => metrics.upstreamClockSkew(seconds),
   }

@@ -38,6 +38,8 @@ export interface ProxyObserver {
   upstreamError: (route: RouteName, err: Error) => void
   retried: (route: RouteName, reason: 'connect' | 'unauthorized') => void
   tokenMinted: () => void
+  /** The upstream answered (the status of its answer, before the proxy forwards it). */
+  upstreamResponse?: (route: RouteName, status: number) => void
   /** A measurement of the upstream's clock, in seconds (upstream minus local). */
   upstreamClockSkew?: (seconds: number) => void
 }
@@ -76,7 +78,7 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
     rewriteRequestHeaders: signedRequestHeaders(opts),
     rewriteHeaders: forwardedResponseHeaders(opts.clock),
     onError,
-    onResponse: forwardUpstreamResponse(onError, opts.authRefused),
+    onResponse: forwardUpstreamResponse(onError, opts.authRefused, opts.observer),
   }
   const retryDelayFor = retryPolicy(opts)
   for (const route of opts.routes) {
