@@ -85,6 +85,8 @@ export function answerUpstreamFailure ({ upstreams, observer, maxBodyBytes }: Fa
     const route = reply.request.routeOptions.config.routeName
     if (route !== undefined) observer?.upstreamError(route, (error.cause as Error | undefined) ?? error)
     const status = upstreamErrorStatus(error)
+    // The proxy's one line for this outcome (reply-from's own is silenced: proxy.ts).
+    reply.request.log.error({ err: error, status }, 'request failed')
     // A failure at the egress proxy names it: the upstream may be fine.
     const egress = upstreams.egressProblem(error)
     if (status === 504) sendError(reply, 504, 'upstream_timeout', egress ?? 'the upstream did not answer in time')

@@ -173,7 +173,8 @@ function answerErrors (app: FastifyInstance): void {
       sendError(reply, status, 'internal_error', 'the proxy failed to handle the request')
       return
     }
-    request.log.debug({ err: error }, 'request refused')
+    // The server's logger: on the proxied routes, request.log passes only errors (proxy.ts).
+    request.server.log.debug({ reqId: request.id, err: error }, 'request refused')
     sendError(reply, status, STATUS_CODES[status] ?? 'bad_request', error.message)
   })
 }
