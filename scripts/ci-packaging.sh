@@ -18,11 +18,12 @@
 #                       test/ops/alerts.promtool.yaml (Debian's prometheus package,
 #                       installed with apt-get when promtool is missing)
 #   3b. prometheus-live the same rules and the Grafana dashboard's queries in a real Prometheus
-#                       (Debian's, installed with apt-get when missing) scraping four proxies
+#                       (Debian's, installed with apt-get when missing) scraping seven proxies
 #                       (the bundle) under load: healthy, no credentials, upstream answering
-#                       500, upstream refusing; each must fire exactly its own alerts, and no
-#                       panel may error or go negative (scripts/prometheus-live.mjs; loopback
-#                       only, a temporary directory, stops itself after 100 s)
+#                       500, upstream refusing, credential files broken after start, slow
+#                       upstream, skewed upstream clock; each must fire exactly its own alerts,
+#                       and no panel may error or go negative (scripts/prometheus-live.mjs;
+#                       loopback only, a temporary directory, stops itself after 100 s)
 #   4. compose-config   docker-compose -f examples/compose.yaml config -q
 #   5. container-smoke  ../shared/tools/container-smoke.sh: podman build, then run the
 #                       image (--network host, --read-only, --cap-drop=ALL, credentials

@@ -4,10 +4,13 @@
 // real proxies (the bundle, dist/cos-auth-proxy.mjs `serve`), one per
 // condition, under steady load:
 //
-//   healthy           an upstream answering 200          → no alert
-//   no-credentials    empty credential files (503s)       → NotReady, CredentialReloadFailing, TokenMintingFailing
-//   upstream-500      an upstream answering 500           → UpstreamErrors
-//   upstream-refused  nothing listening at the upstream   → UpstreamErrors
+//   healthy           an upstream answering 200             → no alert
+//   no-credentials    empty credential files (503s)          → NotReady, CredentialReloadFailing, TokenMintingFailing
+//   upstream-500      an upstream answering 500              → UpstreamErrors
+//   upstream-refused  nothing listening at the upstream      → UpstreamErrors
+//   reload-failing    files emptied after a good first read  → CredentialReloadFailing (the pair in force signs on)
+//   slow-upstream     an upstream answering after 3 s        → UpstreamLatencyHigh
+//   skewed-clock      an upstream whose Date is 2 min behind → ClockSkew
 //
 // RULES.yaml is the PrometheusRule's spec.groups as scripts/ci-packaging.sh
 // renders them from ci/alerts-values.yaml (selector namespace="shop": the
@@ -37,6 +40,9 @@ const EXPECTED = {
   'no-credentials': ['CosAuthProxyCredentialReloadFailing', 'CosAuthProxyNotReady', 'CosAuthProxyTokenMintingFailing'],
   'upstream-500': ['CosAuthProxyUpstreamErrors'],
   'upstream-refused': ['CosAuthProxyUpstreamErrors'],
+  'reload-failing': ['CosAuthProxyCredentialReloadFailing'],
+  'slow-upstream': ['CosAuthProxyUpstreamLatencyHigh'],
+  'skewed-clock': ['CosAuthProxyClockSkew'],
 }
 
 const SIGNED = /^cos_auth_proxy_upstream_clock_skew_seconds\{[^}]*\}$/
@@ -58,11 +64,17 @@ const overall = setTimeout(() => {
   cleanup().finally(() => process.exit(1))
 }, 100_000)
 
-/** An upstream on 127.0.0.1 answering every request with `status`. */
-async function upstream (status) {
+/** An upstream on 127.0.0.1 answering every request with `status`, after `delayMs`, its Date header `dateOffsetS` off. */
+async function upstream (status, { delayMs = 0, dateOffsetS = 0 } = {}) {
   const server = createServer((req, res) => {
     req.resume()
-    res.writeHead(status, { 'content-type': 'application/json' }).end('{"ok":' + (status < 400) + '}')
+    const answer = () => {
+      const headers = { 'content-type': 'application/json' }
+      if (dateOffsetS !== 0) headers.date = new Date(Date.now() + dateOffsetS * 1000).toUTCString()
+      res.writeHead(status, headers).end('{"ok":' + (status < 400) + '}')
+    }
+    if (delayMs > 0) setTimeout(answer, delayMs)
+    else answer()
   })
   servers.push(server)
   await new Promise(resolve => server.listen(0, '127.0.0.1', resolve))
@@ -124,14 +136,22 @@ async function main () {
   mkdirSync(creds); mkdirSync(empty)
   writeFileSync(join(creds, 'access-key'), 'AKIDLIVE'); writeFileSync(join(creds, 'secret'), 'live-secret-0123456789')
   writeFileSync(join(empty, 'access-key'), ''); writeFileSync(join(empty, 'secret'), '')
+  const breaking = join(dir, 'breaking')
+  mkdirSync(breaking)
+  writeFileSync(join(breaking, 'access-key'), 'AKIDLIVE'); writeFileSync(join(breaking, 'secret'), 'live-secret-0123456789')
   const files = (d) => ({ COS_ACCESS_KEY_FILE: join(d, 'access-key'), COS_ACCESS_KEY_SECRET_FILE: join(d, 'secret') })
-  const [ok, failing] = [await upstream(200), await upstream(500)]
+  const ok = await upstream(200)
   const proxies = await Promise.all([
     startProxy('healthy', { COS_API_URL: ok, ...files(creds) }),
     startProxy('no-credentials', { COS_API_URL: ok, ...files(empty) }),
-    startProxy('upstream-500', { COS_API_URL: failing, ...files(creds) }),
+    startProxy('upstream-500', { COS_API_URL: await upstream(500), ...files(creds) }),
     startProxy('upstream-refused', { COS_API_URL: `http://127.0.0.1:${await closedPort()}`, ...files(creds) }),
+    startProxy('reload-failing', { COS_API_URL: ok, ...files(breaking) }),
+    startProxy('slow-upstream', { COS_API_URL: await upstream(200, { delayMs: 3000 }), COS_UPSTREAM_TIMEOUT_MS: '10000', ...files(creds) }),
+    startProxy('skewed-clock', { COS_API_URL: await upstream(200, { dateOffsetS: -120 }), ...files(creds) }),
   ])
+  // Emptied before the first scrape: every read Prometheus sees is rejected, the pair read at start stays in force.
+  writeFileSync(join(breaking, 'access-key'), ''); writeFileSync(join(breaking, 'secret'), '')
 
   // The rules as rendered, every `for:` made 0s (see the header).
   const rules = YAML.parse(readFileSync(rulesFile, 'utf8'))
@@ -156,7 +176,8 @@ async function main () {
   }
 
   // Steady load: 20 requests/s on each proxy, for as long as the check runs.
-  const agent = new Agent({ keepAlive: true, maxSockets: 4 })
+  // (The slow upstream holds 60 requests at a time.)
+  const agent = new Agent({ keepAlive: true, maxSockets: 100 })
   const load = setInterval(() => { for (const p of proxies) httpGet(`http://127.0.0.1:${p.port}/v1/clusters`, agent).catch(() => undefined) }, 50)
   try {
     await checkAlerts(base)
