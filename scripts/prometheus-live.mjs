@@ -174,6 +174,10 @@ async function main () {
     if (prom.exitCode !== null) throw new Error(`prometheus exited (${prom.exitCode})`)
     await sleep(200)
   }
+  // The port was free a moment ago; make sure the Prometheus answering on it is this one.
+  const flags = await prometheusApi(base, '/api/v1/status/flags')
+  if (flags['storage.tsdb.path'] !== join(dir, 'data')) throw new Error(`another Prometheus answers on 127.0.0.1:${promPort}`)
+  await targetsUp(base, proxies.length)
 
   // Steady load: 20 requests/s on each proxy, for as long as the check runs.
   // (The slow upstream holds 60 requests at a time.)
@@ -186,6 +190,18 @@ async function main () {
     clearInterval(load)
     agent.destroy()
   }
+}
+
+/** Waits (up to 20 s) until every proxy has been scraped; says which were not. */
+async function targetsUp (base, count) {
+  const until = Date.now() + 20_000
+  let targets = []
+  while (Date.now() < until) {
+    targets = (await prometheusApi(base, '/api/v1/targets')).activeTargets
+    if (targets.length === count && targets.every(t => t.health === 'up')) return
+    await sleep(500)
+  }
+  throw new Error(`not every proxy is scraped: ${targets.map(t => `${t.labels.condition} ${t.health} ${t.lastError}`).join('; ') || 'no targets'}`)
 }
 
 /** Alert name sets by condition label: firing, and pending or firing. */
