@@ -19,6 +19,13 @@
 #                       promtool check rules, then promtool test rules with
 #                       test/ops/alerts.promtool.yaml (Debian's prometheus package,
 #                       installed with apt-get when promtool is missing)
+#   3b. prometheus-live the same rules and the Grafana dashboard's queries in a real Prometheus
+#                       (Debian's, installed with apt-get when missing) scraping seven proxies
+#                       (the bundle) under load: healthy, no credentials, upstream answering
+#                       500, upstream refusing, credential files broken after start, slow
+#                       upstream, skewed upstream clock; each must fire exactly its own alerts,
+#                       and no panel may error or go negative (scripts/prometheus-live.mjs;
+#                       loopback only, a temporary directory, stops itself after 100 s)
 #   4. compose-config   docker-compose -f examples/compose.yaml config -q
 #   5. container-smoke  ../shared/tools/container-smoke.sh: podman build, then run the
 #                       image (--network host, --read-only, --cap-drop=ALL, credentials
@@ -235,6 +242,13 @@ rules_of() { # rendered.yaml out.yaml: the PrometheusRule's spec.groups, as prom
     if (!rule) { console.error(`no PrometheusRule in ${process.argv[1]}`); process.exit(1) }
     writeFileSync(process.argv[2], YAML.stringify({ groups: rule.spec.groups }))' "$1" "$2"
 }
+render_rules() { # dir: dir/cos-auth-proxy.rules.yaml, the rules as rendered from $RULE_VALUES
+  local helm
+  helm="$("$TOOLS/get-helm.sh")" || return 1
+  mkdir -p "$1"
+  "$helm" template cos-ci helm/cos-auth-proxy --kube-version 1.29 -f "$RULE_VALUES" --show-only templates/prometheusrule.yaml > "$1/rendered.yaml" || return 1
+  rules_of "$1/rendered.yaml" "$1/cos-auth-proxy.rules.yaml"
+}
 alert_rules() {
   have_tools || return 1
   command -v promtool >/dev/null || apt_install prometheus || return 1
@@ -243,15 +257,25 @@ alert_rules() {
   helm="$("$TOOLS/get-helm.sh")" || return 1
   mkdir -p "$dir/default"
   echo "-- $(promtool --version 2>&1 | head -1)"
-  "$helm" template cos-ci helm/cos-auth-proxy --kube-version 1.29 -f "$RULE_VALUES" --show-only templates/prometheusrule.yaml > "$dir/rendered.yaml" || return 1
+  render_rules "$dir" || return 1
   "$helm" template cos-ci helm/cos-auth-proxy --kube-version 1.29 --set prometheusRule.enabled=true \
     --set prometheusRule.runbookBaseUrl=https://example.com/operations.md --show-only templates/prometheusrule.yaml > "$dir/default/rendered.yaml" || return 1
-  rules_of "$dir/rendered.yaml" "$dir/cos-auth-proxy.rules.yaml" || return 1
   rules_of "$dir/default/rendered.yaml" "$dir/default/cos-auth-proxy.rules.yaml" || return 1
   promtool check rules "$dir/cos-auth-proxy.rules.yaml" "$dir/default/cos-auth-proxy.rules.yaml" || rc=1
   cp "$RULE_TESTS" "$dir/"
   (cd "$dir" && promtool test rules "$(basename "$RULE_TESTS")") || rc=1
   return $rc
+}
+
+# --- 3b --------------------------------------------------------------------------
+# promtool's unit tests feed the rules series written by hand; this feeds them
+# what real proxies export, through a real Prometheus (scripts/prometheus-live.mjs).
+prometheus_live() {
+  have_tools || return 1
+  command -v prometheus >/dev/null || apt_install prometheus || return 1
+  ensure_dist || return 1
+  render_rules "$WORK/live" || return 1
+  timeout 120 node scripts/prometheus-live.mjs "$WORK/live/cos-auth-proxy.rules.yaml" helm/cos-auth-proxy/dashboards/cos-auth-proxy.json
 }
 
 # --- 4 ---------------------------------------------------------------------------
@@ -396,6 +420,7 @@ T0=$SECONDS
 check dockerfile-lint lint_dockerfile
 check helm-check helm_check
 check alert-rules alert_rules
+check prometheus-live prometheus_live
 check compose-config compose_config
 check container-smoke container_smoke
 check node24-tests node24_tests

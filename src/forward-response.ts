@@ -85,6 +85,8 @@ export function answerUpstreamFailure ({ upstreams, observer, maxBodyBytes }: Fa
     const route = reply.request.routeOptions.config.routeName
     if (route !== undefined) observer?.upstreamError(route, (error.cause as Error | undefined) ?? error)
     const status = upstreamErrorStatus(error)
+    // The proxy's one line for this outcome (reply-from's own is silenced: proxy.ts).
+    reply.request.log.error({ err: error, status }, 'request failed')
     // A failure at the egress proxy names it: the upstream may be fine.
     const egress = upstreams.egressProblem(error)
     if (status === 504) sendError(reply, 504, 'upstream_timeout', egress ?? 'the upstream did not answer in time')
@@ -119,7 +121,8 @@ export function answerFailedUpstreamBodies (fastify: FastifyInstance, onError: O
  * one) streams through as before: bodies are never buffered beyond
  * SMALL_BODY_BYTES.
  */
-export function forwardUpstreamResponse (onError: OnError, authRefused?: (route: RouteName, status: RefusalStatus) => void): OnResponse {
+export function forwardUpstreamResponse (onError: OnError, authRefused?: (route: RouteName, status: RefusalStatus) => void,
+  observer?: { readonly upstreamResponse?: (route: RouteName, status: number) => void }): OnResponse {
   return (request, reply, res) => {
     const upstream = res as unknown as UpstreamResponse
     try {
@@ -132,15 +135,14 @@ export function forwardUpstreamResponse (onError: OnError, authRefused?: (route:
   }
 
   function forwardResponse (request: ProxyRequest, reply: ProxyReply, { statusCode, headers, stream }: UpstreamResponse): void {
+    const route = request.routeOptions.config.routeName
+    if (route !== undefined) observer?.upstreamResponse?.(route, statusCode)
     // reply-from comes here even after answering 502 to a status Fastify refuses.
     if (reply.sent) {
       stream.destroy()
       return
     }
-    if ((statusCode === 401 || statusCode === 403) && authRefused !== undefined) {
-      const route = request.routeOptions.config.routeName
-      if (route !== undefined) authRefused(route, statusCode)
-    }
+    if ((statusCode === 401 || statusCode === 403) && route !== undefined) authRefused?.(route, statusCode)
     if (request.method === 'HEAD' || statusCode === 204 || statusCode === 304) {
       sendHeadOnly(reply, statusCode, stream)
       return

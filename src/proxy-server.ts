@@ -173,7 +173,8 @@ function answerErrors (app: FastifyInstance): void {
       sendError(reply, status, 'internal_error', 'the proxy failed to handle the request')
       return
     }
-    request.log.debug({ err: error }, 'request refused')
+    // The server's logger: on the proxied routes, request.log passes only errors (proxy.ts).
+    request.server.log.debug({ reqId: request.id, err: error }, 'request refused')
     sendError(reply, status, STATUS_CODES[status] ?? 'bad_request', error.message)
   })
 }
@@ -215,6 +216,7 @@ export function metricsObserver (metrics: ProxyMetrics): ProxyObserver & Request
     upstreamError: (route, err) => metrics.upstreamError(route, classifyUpstreamError(err)),
     retried: (route, reason) => metrics.retried(route, reason),
     tokenMinted: () => metrics.tokenMinted(),
+    upstreamResponse: (route, status) => metrics.upstreamResponse(route, status),
     responseFailed: route => metrics.responseFailed(route),
     upstreamClockSkew: seconds => metrics.upstreamClockSkew(seconds),
   }

@@ -8,6 +8,7 @@ import type { FastifyInstance } from 'fastify'
 import './reply-from-patch.js'
 import httpProxy, { type FastifyHttpProxyOptions } from '@fastify/http-proxy'
 import type { FastifyReplyFromHooks } from '@fastify/reply-from'
+import { pino } from 'pino'
 import type { RefusalStatus } from './auth-refusals.js'
 import type { Route, RouteName } from './config.js'
 import type { CredentialStore } from './credentials.js'
@@ -38,6 +39,8 @@ export interface ProxyObserver {
   upstreamError: (route: RouteName, err: Error) => void
   retried: (route: RouteName, reason: 'connect' | 'unauthorized') => void
   tokenMinted: () => void
+  /** The upstream answered (the status of its answer, before the proxy forwards it). */
+  upstreamResponse?: (route: RouteName, status: number) => void
   /** A measurement of the upstream's clock, in seconds (upstream minus local). */
   upstreamClockSkew?: (seconds: number) => void
 }
@@ -68,6 +71,7 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
   // text parsers; @fastify/http-proxy adds its pass-through parser for '*'.
   fastify.removeAllContentTypeParsers()
 
+  quietRequestLogs(fastify)
   fastify.addHook('onRequest', admitToRoute(opts.routes, opts.credentials))
   const limitBody = maxBodyBytes > 0 ? limitBodyTo(maxBodyBytes) : undefined
   const onError = answerUpstreamFailure({ upstreams, observer: opts.observer, maxBodyBytes })
@@ -76,7 +80,7 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
     rewriteRequestHeaders: signedRequestHeaders(opts),
     rewriteHeaders: forwardedResponseHeaders(opts.clock),
     onError,
-    onResponse: forwardUpstreamResponse(onError, opts.authRefused),
+    onResponse: forwardUpstreamResponse(onError, opts.authRefused, opts.observer),
   }
   const retryDelayFor = retryPolicy(opts)
   for (const route of opts.routes) {
@@ -87,6 +91,23 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
       retryDelay: retryDelayFor(route.name),
     }))
   }
+}
+
+/**
+ * reply-from logs every failed upstream request itself, at warn ('response
+ * errored', the same for a client that hung up), and Fastify a stream cut
+ * after its head: the proxy writes one line of its own per outcome instead
+ * (`request failed` in forward-response.ts and request-log.ts, the request
+ * line). So the request loggers of the proxied routes pass only `error` and
+ * above; the request line goes through the server's logger (request-log.ts).
+ * Their parent is made once: a child of a child at the same level costs what
+ * Fastify's own per-request child costs.
+ */
+function quietRequestLogs (fastify: FastifyInstance): void {
+  const { log } = fastify
+  const { values } = pino.levels
+  const quiet = log.child({}, { level: (values[log.level] ?? 0) >= (values.error ?? 50) ? log.level : 'error' })
+  fastify.setChildLoggerFactory((_logger, bindings, options) => quiet.child(bindings, options))
 }
 
 /** One route's @fastify/http-proxy registration. */

@@ -1,4 +1,5 @@
 import { LogController, type FastifyReply, type FastifyRequest } from 'fastify'
+import { hasErrorCode } from './error-codes.js'
 import { responseFailure } from './response.js'
 
 /** Per-request counters and histograms; ProxyMetrics implements it. */
@@ -10,8 +11,8 @@ export interface RequestObserver {
   responseFailed?: (route: string) => void
 }
 
-/** The fields of the one line per request (reqId comes from the request's child logger). */
-interface RequestLine { method: string, route: string, status: number, durationMs: number, upstreamMs?: number, aborted?: true }
+/** The fields of the one line per request. */
+interface RequestLine { reqId: string, method: string, route: string, status: number, durationMs: number, upstreamMs?: number, aborted?: true }
 
 /** nginx's "client closed request": logged when the connection closed before any status was sent. */
 export const CLIENT_CLOSED_REQUEST = 499
@@ -48,6 +49,17 @@ export class RequestLog extends LogController {
     // Written on close instead; see above.
   }
 
+  /**
+   * A response stream that ended in an error after its head was sent (an
+   * upstream body that failed midway): the proxy's `request failed` line
+   * instead of Fastify's warning. A client that went away ends its stream
+   * too; its request line says `aborted`, and that is all there is to say.
+   */
+  override streamError (error: Error, request: FastifyRequest): void {
+    if (hasErrorCode(error, 'ERR_STREAM_PREMATURE_CLOSE') || hasErrorCode(error, 'UND_ERR_ABORTED')) return
+    request.log.error({ err: error }, 'request failed')
+  }
+
   #completed (request: FastifyRequest, reply: FastifyReply): void {
     const route = request.routeOptions.config.routeName ?? 'none'
     const failure = responseFailure(reply.raw)
@@ -64,9 +76,11 @@ export class RequestLog extends LogController {
     const upstreamMs = request.upstreamMs ?? -1
     this.#observer?.requestFinished(route, request.method, status, elapsedMs / 1000, upstreamMs < 0 ? undefined : upstreamMs / 1000, aborted)
     // Keys added in place: spreads would build and copy two objects per line.
-    const line: RequestLine = { method: request.method, route, status, durationMs: Math.round(elapsedMs * 100) / 100 }
+    const line: RequestLine = { reqId: request.id, method: request.method, route, status, durationMs: Math.round(elapsedMs * 100) / 100 }
     if (upstreamMs >= 0) line.upstreamMs = Math.round(upstreamMs * 100) / 100
     if (aborted) line.aborted = true
-    request.log.info(line, 'request')
+    // The server's logger, with the id in the line: the request loggers of
+    // the proxied routes pass only errors (proxy.ts). Same JSON either way.
+    request.server.log.info(line, 'request')
   }
 }

@@ -63,7 +63,7 @@ t.test('at trace level, no log line holds the secret, a token or a signature', a
   const text = proxy.logs.text + '\n' + mockLogs.text
   t.ok(proxy.logs.lines.length >= 7, `captured ${proxy.logs.lines.length} proxy lines`)
   t.equal(proxy.app.log.level, 'trace', 'captured at trace')
-  t.ok(proxy.logs.records.some(r => r.level === 'warn' && typeof r.err === 'object'), 'upstream error logged with its error object')
+  t.ok(proxy.logs.records.some(r => r.level === 'error' && r.msg === 'request failed' && typeof r.err === 'object'), 'upstream error logged with its error object')
   t.notOk(text.includes(SECRET), 'secret absent')
   t.notOk(text.includes(queryEscape(SECRET)), 'encoded secret absent')
   t.notOk(text.includes('client-supplied-token-value'), 'client Authorization absent')

@@ -72,6 +72,8 @@ t.test('a fresh registry declares every metric with its type; fixed sets start a
     [`${P}requests_aborted_total`]: 'counter',
     [`${P}request_duration_seconds`]: 'histogram',
     [`${P}upstream_duration_seconds`]: 'histogram',
+    [`${P}added_duration_seconds`]: 'histogram',
+    [`${P}upstream_responses_total`]: 'counter',
     [`${P}upstream_errors_total`]: 'counter',
     [`${P}upstream_retries_total`]: 'counter',
     [`${P}response_failures_total`]: 'counter',
@@ -88,7 +90,7 @@ t.test('a fresh registry declares every metric with its type; fixed sets start a
   t.equal(value(e, `${P}tokens_minted_total`), 0)
   t.equal(value(e, `${P}credential_last_reload_timestamp_seconds`), 0)
   t.equal(value(e, `${P}in_flight_requests`), 0)
-  for (const name of ['requests_total', 'requests_aborted_total', 'request_duration_seconds_count', 'upstream_duration_seconds_count', 'upstream_errors_total', 'upstream_retries_total', 'response_failures_total', 'upstream_clock_skew_seconds']) {
+  for (const name of ['requests_total', 'requests_aborted_total', 'request_duration_seconds_count', 'upstream_duration_seconds_count', 'added_duration_seconds_count', 'upstream_responses_total', 'upstream_errors_total', 'upstream_retries_total', 'response_failures_total', 'upstream_clock_skew_seconds']) {
     t.same(find(e, P + name), [], `${name}: no series before anything happened`)
   }
 })
@@ -199,6 +201,42 @@ t.test('histograms: cumulative buckets in order, +Inf = count, sum and count; up
   t.same(find(e, `${total}_count`, { route: 'management' }), [], 'routes with nothing observed have no series')
 })
 
+t.test('the added duration is total minus upstream time, over the requests the upstream answered only: never negative', async t => {
+  const m = new ProxyMetrics({ defaultMetrics: false })
+  m.requestFinished('api', 'GET', 200, 0.012, 0.010)
+  m.requestFinished('api', 'GET', 200, 0.3, 0.1)
+  // Refused (503), hung up (499), unreachable (502): time in the proxy, no upstream answer.
+  m.requestFinished('api', 'GET', 503, 0.2, undefined)
+  m.requestFinished('api', 'GET', 499, 5, undefined)
+  m.requestFinished('api', 'GET', 502, 1, undefined)
+  // Timers read at different points can disagree by a hair; never below 0.
+  m.requestFinished('api', 'GET', 200, 0.0049, 0.005)
+  m.requestFinished('api', 'GET', 200, Number.NaN, 0.1)
+  const e = await scrape(m)
+  const added = `${P}added_duration_seconds`
+  t.equal(value(e, `${added}_count`, { route: 'api' }), 3)
+  t.ok(Math.abs(value(e, `${added}_sum`, { route: 'api' }) - 0.202) < 1e-9, 'sum of the differences')
+  t.equal(value(e, `${added}_bucket`, { route: 'api', le: '0.0005' }), 1, 'the negative difference counts as 0')
+  t.equal(value(e, `${added}_bucket`, { route: 'api', le: '0.0025' }), 2)
+  t.equal(value(e, `${P}upstream_duration_seconds_count`, { route: 'api' }), 4)
+})
+
+t.test('upstreamResponse counts the upstream\'s answers by status class, apart from what the proxy answered itself', async t => {
+  const m = new ProxyMetrics({ defaultMetrics: false })
+  m.upstreamResponse('management', 200)
+  m.upstreamResponse('management', 503)
+  m.upstreamResponse('management', 500)
+  m.upstreamResponse('/raw', 404)
+  m.requestFinished('optimize', 'GET', 503, 0.001, undefined)
+  const e = await scrape(m)
+  t.equal(value(e, `${P}upstream_responses_total`, { route: 'management', status_class: '5xx' }), 2)
+  t.equal(value(e, `${P}upstream_responses_total`, { route: 'management', status_class: '2xx' }), 1)
+  t.equal(value(e, `${P}upstream_responses_total`, { route: 'management', status_class: '1xx' }), 0, 'every class of a route that reached the upstream')
+  t.equal(value(e, `${P}upstream_errors_total`, { route: 'management', kind: 'refused' }), 0, 'and every error kind, at 0')
+  t.equal(value(e, `${P}upstream_responses_total`, { route: 'none', status_class: '4xx' }), 1)
+  t.same(find(e, `${P}upstream_responses_total`, { route: 'optimize' }), [], 'a 503 the proxy made is not an upstream answer')
+})
+
 t.test('in-flight goes up with requestStarted and down with requestFinished', async t => {
   const m = new ProxyMetrics({ defaultMetrics: false })
   const inFlight = async (): Promise<number> => value(await scrape(m), `${P}in_flight_requests`)
@@ -228,7 +266,10 @@ t.test('upstream errors, retries, tokens and response failures move their counte
   const e = await scrape(m)
   kinds.forEach((kind, i) => t.equal(value(e, `${P}upstream_errors_total`, { route: 'management', kind }), i + 1, kind))
   t.equal(value(e, `${P}upstream_errors_total`, { route: 'optimize', kind: 'timeout' }), 1)
-  t.equal(find(e, `${P}upstream_errors_total`).length, 7)
+  t.equal(find(e, `${P}upstream_errors_total`).length, 12, 'every kind of both routes that reached the upstream, zeros included')
+  t.equal(value(e, `${P}upstream_errors_total`, { route: 'optimize', kind: 'refused' }), 0)
+  t.equal(find(e, `${P}upstream_responses_total`).length, 10, 'every status class of both routes, at 0 until the upstream answers')
+  t.same(find(e, `${P}upstream_errors_total`).filter(s => s.labels.route === 'api'), [], 'a route that sent nothing upstream has no upstream series')
   t.equal(value(e, `${P}upstream_retries_total`, { route: 'management', reason: 'connect' }), 1)
   t.equal(value(e, `${P}upstream_retries_total`, { route: 'management', reason: 'unauthorized' }), 2)
   t.equal(value(e, `${P}tokens_minted_total`), 5)

@@ -183,5 +183,6 @@ t.test('a throw while writing a response (a header value Node refuses, not a Tra
   t.equal((await send(`${proxy.url}/fine`)).status, 200, 'the proxy serves on')
   const scraped = await metrics.text()
   t.match(scraped, new RegExp(`cos_auth_proxy_response_failures_total\\{route="api"\\} ${cases.length}\n`), 'each failure counted')
-  t.notMatch(scraped, /cos_auth_proxy_upstream_errors_total\{/, 'as the proxy\'s failure, not the upstream\'s')
+  t.notMatch(scraped, /cos_auth_proxy_upstream_errors_total\{[^}]*\} [1-9]/, 'as the proxy\'s failure, not the upstream\'s')
+  t.match(scraped, /cos_auth_proxy_upstream_errors_total\{route="api",kind="reset"\} 0\n/, '(its series at 0: the route has reached the upstream)')
 })

@@ -79,6 +79,7 @@ export async function proxyLabels (): Promise<LabelSets> {
   m.requestStarted()
   m.requestFinished('management', 'GET', 200, 0.01, 0.005, true)
   m.upstreamError('management', 'reset')
+  m.upstreamResponse('management', 200)
   m.retried('management', 'connect')
   m.responseFailed('management')
   m.tokenMinted()
