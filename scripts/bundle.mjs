@@ -182,6 +182,35 @@ module.exports.default = Selector
 }
 
 /**
+ * src/http-proxy-destination.ts's shortcut, put in front of the
+ * resolveDestination that @fastify/http-proxy's handler runs per request
+ * (three URL parses): the published check still runs whenever the shortcut
+ * cannot answer from the string alone.
+ */
+function httpProxyDestinationShortcut () {
+  const file = join(root, 'src', 'http-proxy-destination.ts')
+  const call = '    resolveDestination(dest, effectiveRewritePrefix, upstream || undefined)\n    return replyHandler('
+  let patched = 0
+  return {
+    name: 'http-proxy-destination-shortcut',
+    setup (b) {
+      b.onLoad({ filter: /[\\/]@fastify[\\/]http-proxy[\\/]index\.js$/ }, args => {
+        const wanted = /PATCHED_HTTP_PROXY = '([^']+)'/.exec(readFileSync(file, 'utf8'))?.[1]
+        const { version } = JSON.parse(readFileSync(join(dirname(args.path), 'package.json'), 'utf8'))
+        const source = readFileSync(args.path, 'utf8')
+        if (version !== wanted || source.split(call).length !== 2) throw new Error(`@fastify/http-proxy is ${version}; src/http-proxy-destination.ts is written for the handler of ${wanted}`)
+        patched++
+        const shortcut = `    if (!require(${JSON.stringify(file)}).destinationWithinPrefix(dest, effectiveRewritePrefix)) resolveDestination(dest, effectiveRewritePrefix, upstream || undefined)\n    return replyHandler(`
+        return { contents: source.replace(call, shortcut), loader: 'js' }
+      })
+      b.onEnd(result => {
+        if (result.errors.length === 0 && patched !== 1) throw new Error(`@fastify/http-proxy's index.js was patched ${patched} times, not once`)
+      })
+    },
+  }
+}
+
+/**
  * undici's index evaluates all of undici (fetch, WebSocket, caches, mocks,
  * every interceptor) for the few dispatchers the proxy and reply-from use:
  * about 3.5 MB of heap every pod keeps. In the bundle, `undici` resolves to
@@ -319,7 +348,7 @@ const result = await build({
   logLevel: 'warning',
   // The CommonJS dependencies require() node's built-ins; an ES module has no require of its own.
   banner: { js: "import{createRequire as __cosCreateRequire}from'node:module';const require=__cosCreateRequire(import.meta.url);" },
-  plugins: [replyFromBuildUrl(), configValidatorAtBuildTime(), schemaCompilersOnFirstUse(), undiciPartsOnFirstUse(), wsOnFirstUse()],
+  plugins: [replyFromBuildUrl(), configValidatorAtBuildTime(), schemaCompilersOnFirstUse(), undiciPartsOnFirstUse(), wsOnFirstUse(), httpProxyDestinationShortcut()],
 })
 writeFileSync(NOTICES, notices(result.metafile.inputs))
 const bytes = result.metafile.outputs[relative(root, BUNDLE)]?.bytes ?? 0
