@@ -76,6 +76,7 @@ LABEL org.opencontainers.image.title="cos-auth-proxy" \
 ENV NODE_ENV=production \
     NODE_OPTIONS=--max-old-space-size-percentage=50 \
     MALLOC_ARENA_MAX=2 \
+    MALLOC_MMAP_THRESHOLD_=32768 \
     NODE_COMPILE_CACHE=/app/compile-cache \
     COS_ADMIN_HOST=0.0.0.0
 WORKDIR /app

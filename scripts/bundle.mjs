@@ -181,6 +181,127 @@ module.exports.default = Selector
   }
 }
 
+/**
+ * src/http-proxy-destination.ts's shortcut, put in front of the
+ * resolveDestination that @fastify/http-proxy's handler runs per request
+ * (three URL parses): the published check still runs whenever the shortcut
+ * cannot answer from the string alone.
+ */
+function httpProxyDestinationShortcut () {
+  const file = join(root, 'src', 'http-proxy-destination.ts')
+  const call = '    resolveDestination(dest, effectiveRewritePrefix, upstream || undefined)\n    return replyHandler('
+  let patched = 0
+  return {
+    name: 'http-proxy-destination-shortcut',
+    setup (b) {
+      b.onLoad({ filter: /[\\/]@fastify[\\/]http-proxy[\\/]index\.js$/ }, args => {
+        const wanted = /PATCHED_HTTP_PROXY = '([^']+)'/.exec(readFileSync(file, 'utf8'))?.[1]
+        const { version } = JSON.parse(readFileSync(join(dirname(args.path), 'package.json'), 'utf8'))
+        const source = readFileSync(args.path, 'utf8')
+        if (version !== wanted || source.split(call).length !== 2) throw new Error(`@fastify/http-proxy is ${version}; src/http-proxy-destination.ts is written for the handler of ${wanted}`)
+        patched++
+        const shortcut = `    if (!require(${JSON.stringify(file)}).destinationWithinPrefix(dest, effectiveRewritePrefix)) resolveDestination(dest, effectiveRewritePrefix, upstream || undefined)\n    return replyHandler(`
+        return { contents: source.replace(call, shortcut), loader: 'js' }
+      })
+      b.onEnd(result => {
+        if (result.errors.length === 0 && patched !== 1) throw new Error(`@fastify/http-proxy's index.js was patched ${patched} times, not once`)
+      })
+    },
+  }
+}
+
+/**
+ * undici's index evaluates all of undici (fetch, WebSocket, caches, mocks,
+ * every interceptor) for the few dispatchers the proxy and reply-from use:
+ * about 3.5 MB of heap every pod keeps. In the bundle, `undici` resolves to
+ * a stand-in with the index's export names, each a getter that evaluates
+ * only the module behind that name on first use (the very file the index
+ * would have required, so classes and `instanceof` are the same) and then
+ * becomes a plain property. Names not listed here evaluate the whole index.
+ */
+function undiciPartsOnFirstUse () {
+  const require = createRequire(join(root, 'package.json'))
+  const main = require.resolve('undici')
+  // The index also gives every dispatcher its request()/stream()/… methods
+  // (Object.assign(Dispatcher.prototype, api)); withApi does that once,
+  // before the first dispatcher is handed out.
+  const parts = {
+    Dispatcher: "withApi(require('./lib/dispatcher/dispatcher'))",
+    Client: "withApi(require('./lib/dispatcher/client'))",
+    Pool: "withApi(require('./lib/dispatcher/pool'))",
+    BalancedPool: "withApi(require('./lib/dispatcher/balanced-pool'))",
+    Agent: "withApi(require('./lib/dispatcher/agent'))",
+    ProxyAgent: "withApi(require('./lib/dispatcher/proxy-agent'))",
+    errors: "require('./lib/core/errors')",
+    buildConnector: "require('./lib/core/connect')",
+    getGlobalDispatcher: "withApi(require('./lib/global').getGlobalDispatcher)",
+    setGlobalDispatcher: "withApi(require('./lib/global').setGlobalDispatcher)",
+  }
+  return {
+    name: 'undici-parts-on-first-use',
+    setup (b) {
+      b.onResolve({ filter: /^undici$/ }, () => ({ path: main, namespace: 'undici-parts' }))
+      b.onLoad({ filter: /.*/, namespace: 'undici-parts' }, () => {
+        const names = Object.keys(require('undici'))
+        const missing = Object.keys(parts).filter(n => !names.includes(n))
+        if (missing.length > 0) throw new Error(`undici no longer exports ${missing.join(', ')}: update undiciPartsOnFirstUse in scripts/bundle.mjs`)
+        const getters = names.map(n => `  ${JSON.stringify(n)}: () => ${parts[n] ?? `require(${JSON.stringify(main)})[${JSON.stringify(n)}]`},`)
+        return {
+          contents: `let api
+function withApi (value) {
+  if (api === undefined) {
+    api = require('./lib/api')
+    Object.assign(require('./lib/dispatcher/dispatcher').prototype, api)
+  }
+  return value
+}
+const parts = {
+${getters.join('\n')}
+}
+for (const [name, load] of Object.entries(parts)) {
+  Object.defineProperty(module.exports, name, {
+    configurable: true,
+    enumerable: true,
+    get () {
+      const value = load()
+      Object.defineProperty(module.exports, name, { value, enumerable: true })
+      return value
+    },
+  })
+}
+`,
+          loader: 'js',
+          resolveDir: dirname(main),
+        }
+      })
+    },
+  }
+}
+
+/**
+ * @fastify/http-proxy requires ws at load time for WebSocket proxying, which
+ * this program turns off on every route; in the bundle ws is evaluated only
+ * if something touches it.
+ */
+function wsOnFirstUse () {
+  return {
+    name: 'ws-on-first-use',
+    setup (b) {
+      b.onResolve({ filter: /^ws$/ }, async args => {
+        if (args.namespace === 'ws-on-first-use') return undefined
+        const real = await b.resolve(args.path, { kind: args.kind, importer: args.importer, resolveDir: args.resolveDir, namespace: 'ws-on-first-use' })
+        if (real.errors.length > 0) return { errors: real.errors }
+        return { path: real.path, namespace: 'ws-on-first-use' }
+      })
+      b.onLoad({ filter: /.*/, namespace: 'ws-on-first-use' }, args => ({
+        contents: `module.exports = new Proxy({}, { get: (_, name) => require(${JSON.stringify(args.path)})[name] })\n`,
+        loader: 'js',
+        resolveDir: dirname(args.path),
+      }))
+    },
+  }
+}
+
 /** The package.json of the package a bundled file belongs to. */
 function packageOf (file) {
   for (let dir = dirname(file); dir.includes(`node_modules${sep}`); dir = dirname(dir)) {
@@ -227,7 +348,7 @@ const result = await build({
   logLevel: 'warning',
   // The CommonJS dependencies require() node's built-ins; an ES module has no require of its own.
   banner: { js: "import{createRequire as __cosCreateRequire}from'node:module';const require=__cosCreateRequire(import.meta.url);" },
-  plugins: [replyFromBuildUrl(), configValidatorAtBuildTime(), schemaCompilersOnFirstUse()],
+  plugins: [replyFromBuildUrl(), configValidatorAtBuildTime(), schemaCompilersOnFirstUse(), undiciPartsOnFirstUse(), wsOnFirstUse(), httpProxyDestinationShortcut()],
 })
 writeFileSync(NOTICES, notices(result.metafile.inputs))
 const bytes = result.metafile.outputs[relative(root, BUNDLE)]?.bytes ?? 0

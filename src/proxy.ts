@@ -8,8 +8,8 @@ import type { FastifyInstance } from 'fastify'
 import './reply-from-patch.js'
 import httpProxy, { type FastifyHttpProxyOptions } from '@fastify/http-proxy'
 import type { FastifyReplyFromHooks } from '@fastify/reply-from'
-import { pino } from 'pino'
 import type { RefusalStatus } from './auth-refusals.js'
+import { quietRequestLogs } from './quiet-request-logger.js'
 import type { Route, RouteName } from './config.js'
 import type { CredentialStore } from './credentials.js'
 import { answerFailedUpstreamBodies, answerUpstreamFailure, forwardUpstreamResponse } from './forward-response.js'
@@ -91,23 +91,6 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
       retryDelay: retryDelayFor(route.name),
     }))
   }
-}
-
-/**
- * reply-from logs every failed upstream request itself, at warn ('response
- * errored', the same for a client that hung up), and Fastify a stream cut
- * after its head: the proxy writes one line of its own per outcome instead
- * (`request failed` in forward-response.ts and request-log.ts, the request
- * line). So the request loggers of the proxied routes pass only `error` and
- * above; the request line goes through the server's logger (request-log.ts).
- * Their parent is made once: a child of a child at the same level costs what
- * Fastify's own per-request child costs.
- */
-function quietRequestLogs (fastify: FastifyInstance): void {
-  const { log } = fastify
-  const { values } = pino.levels
-  const quiet = log.child({}, { level: (values[log.level] ?? 0) >= (values.error ?? 50) ? log.level : 'error' })
-  fastify.setChildLoggerFactory((_logger, bindings, options) => quiet.child(bindings, options))
 }
 
 /** One route's @fastify/http-proxy registration. */

@@ -1,0 +1,51 @@
+// The per-request loggers of the proxied routes. reply-from logs every failed
+// upstream request itself, at warn ('response errored', the same for a client
+// that hung up), and Fastify a stream cut after its head: the proxy writes one
+// line of its own per outcome instead (`request failed` in forward-response.ts
+// and request-log.ts, the request line). So these loggers pass only `error`
+// and above, and the request line goes through the server's logger.
+//
+// Fastify asks for a child logger per request (bindings: the request id),
+// though on these routes almost none logs anything: building a pino child
+// serialises its bindings and copies its settings every time. Each request
+// gets a one-field object instead, whose error/fatal/child build that child
+// on first use; everything else (levels, the no-op info/debug/…) comes from
+// the shared parent through the prototype.
+import type { FastifyBaseLogger, FastifyInstance } from 'fastify'
+import { pino, type Bindings, type ChildLoggerOptions } from 'pino'
+
+const CHILD = Symbol('cos.requestLogger.child')
+const BINDINGS = Symbol('cos.requestLogger.bindings')
+const OPTIONS = Symbol('cos.requestLogger.options')
+const PARENT = Symbol('cos.requestLogger.parent')
+
+interface LazyChild extends FastifyBaseLogger {
+  [CHILD]: FastifyBaseLogger | undefined
+  [BINDINGS]: Bindings
+  [OPTIONS]: ChildLoggerOptions | undefined
+  [PARENT]: FastifyBaseLogger
+}
+
+function real (logger: LazyChild): FastifyBaseLogger {
+  return logger[CHILD] ??= logger[PARENT].child(logger[BINDINGS], logger[OPTIONS])
+}
+
+export function quietRequestLogs (fastify: FastifyInstance): void {
+  const { log } = fastify
+  const { values } = pino.levels
+  const quiet = log.child({}, { level: (values[log.level] ?? 0) >= (values.error ?? 50) ? log.level : 'error' })
+  const proto = Object.create(quiet) as LazyChild
+  proto[PARENT] = quiet
+  // Methods, not arrow functions: `this` is the request's object.
+  Object.assign(proto, {
+    error (this: LazyChild, ...args: Parameters<FastifyBaseLogger['error']>) { real(this).error(...args) },
+    fatal (this: LazyChild, ...args: Parameters<FastifyBaseLogger['fatal']>) { real(this).fatal(...args) },
+    child (this: LazyChild, bindings: Bindings, options?: ChildLoggerOptions) { return real(this).child(bindings, options) },
+  })
+  fastify.setChildLoggerFactory((_logger, bindings, options) => {
+    const logger = Object.create(proto) as LazyChild
+    logger[BINDINGS] = bindings
+    logger[OPTIONS] = options
+    return logger
+  })
+}
