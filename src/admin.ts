@@ -2,9 +2,9 @@
 // instance of its own, so it never shares the proxy's port, hooks or logs.
 import type { AddressInfo } from 'node:net'
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify'
+import { fromWebPage } from './browser-checks.js'
 import { reapIdleConnections } from './connections.js'
 import { sendError } from './errors.js'
-import { fromWebPage } from './guard.js'
 import type { ProxyMetrics } from './metrics.js'
 
 export type Readiness = { readonly ready: true } | { readonly ready: false, readonly reason: string }

@@ -2,9 +2,10 @@
 // methods, hosts, CIDRs, origins, the required header, TLS files, egress
 // proxies, credential sources. Each error names its variable.
 import { isIP, isIPv6 } from 'node:net'
+import { hostName } from './browser-checks.js'
 import { ConfigError, PROXY_METHODS, PROXY_URL, VARIABLES, type Raw, type VariableName } from './config-variables.js'
 import type { Egress, EgressProxy } from './egress.js'
-import { foldedPrefix, foldSegment, hostName } from './guard.js'
+import { foldedPrefix, foldSegment } from './guard.js'
 import type { Route, RouteName } from './route.js'
 import { Secret } from './secret.js'
 

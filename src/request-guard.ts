@@ -2,8 +2,9 @@
 // request in order (who is asking, how, for what). Pure checks live in
 // guard.ts; this composes them into one per-request function.
 import type { IncomingMessage } from 'node:http'
+import { browserPolicy, hostProblem, originProblem } from './browser-checks.js'
 import { PROXY_METHODS, type Config } from './config.js'
-import { allowList, browserPolicy, hasRequiredHeader, hostProblem, originProblem, peerAllowed, targetProblem } from './guard.js'
+import { allowList, hasRequiredHeader, peerAllowed, targetProblem } from './guard.js'
 
 export type Refusal = readonly [status: number, code: string, message: string]
 

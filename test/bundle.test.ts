@@ -175,7 +175,8 @@ async function loaded (t: Test, args: string[], until?: RegExp): Promise<string[
 }
 
 const packageOf = (url: string): string | undefined => /\/node_modules\/((?:@[^/]+\/)?[^/]+)\//.exec(url)?.[1]
-const moduleOf = (url: string): string | undefined => /\/dist\/([^/]+)\.js$/.exec(url)?.[1]
+// By file name, wherever under dist/ the module is.
+const moduleOf = (url: string): string | undefined => /\/dist\/(?:[^/]+\/)*([^/]+)\.js$/.exec(url)?.[1]
 
 t.test('subcommands load only what they use: token, verify, config and wait start no fastify, undici, pino or prom-client; mock-api no proxy; serve no mock-api and, with JSON logs, no pretty-printer', async t => {
   const heavy = ['fastify', 'undici', 'pino', 'prom-client', '@fastify/http-proxy']

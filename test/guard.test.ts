@@ -1,6 +1,7 @@
 // The guard's pure decisions; the attacks through a real proxy are in test/security/.
 import t from 'tap'
-import { allowList, browserPolicy, fromWebPage, hasRequiredHeader, hostName, hostProblem, isLoopbackAddress, isLoopbackName, originProblem, peerAllowed, prefixLookalike, routeFor, targetProblem } from '../src/guard.js'
+import { browserPolicy, fromWebPage, hostName, hostProblem, isLoopbackAddress, isLoopbackName, originProblem } from '../src/browser-checks.js'
+import { allowList, hasRequiredHeader, peerAllowed, prefixLookalike, routeFor, targetProblem } from '../src/guard.js'
 import { testConfig } from './helpers.js'
 
 const { routes } = testConfig({ COS_OPTIMIZE_API_URL: 'https://o.example.com', COS_MANAGEMENT_API_URL: 'https://m.example.com', COS_API_URL: 'https://a.example.com' })

@@ -2,8 +2,7 @@
 // core of `cos-auth-proxy inject`. No I/O: the same review always gets the
 // same answer (a dry run included), and Secrets are only named, never read.
 import { allowedMethods, AnnotationProblem, ANNOTATIONS, atLeast, configMapName, envVarName, logLevel, port, quantity, secretName } from './annotations.js'
-import { personalize, type EnvVar } from './sidecar.js'
-import type { SidecarTemplate, TemplateFacts } from './template.js'
+import { personalize, type EnvVar, type SidecarTemplate, type TemplateFacts } from './sidecar.js'
 
 /** One sidecar definition as the webhook applies it; replaced whole when the file changes. */
 export interface InjectSettings {

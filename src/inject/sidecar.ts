@@ -6,9 +6,31 @@
 // renders (test/fixtures/chart/, examples/sidecar-parent-chart/rendered/),
 // which scripts/ci-packaging.sh keeps current, so neither can drift unnoticed.
 import { VARIABLES } from '../config.js'
-import type { SidecarTemplate, TemplateFacts } from './template.js'
+
+type Json = Record<string, unknown>
 
 export interface EnvVar { readonly name: string, readonly value: string }
+
+/** A checked sidecar definition (template.ts reads and checks it; personalize adjusts it per pod). */
+export interface SidecarTemplate {
+  /** A Kubernetes Container; env entries with `value` or `valueFrom`. */
+  readonly container: Json
+  readonly volumes: readonly Json[]
+}
+
+/** What patch.ts reads off a checked template. */
+export interface TemplateFacts {
+  readonly name: string
+  readonly proxyPort: number
+  readonly adminPort: number
+  readonly logLevel: string
+  /** The COS_*_ALLOWED_METHODS of the routes configured, in the env's order. */
+  readonly methodVariables: readonly string[]
+  readonly graceSeconds: number
+  readonly credentialsVolume: string
+  readonly requests: { readonly cpu?: string, readonly memory?: string }
+  readonly limits: { readonly cpu?: string, readonly memory?: string }
+}
 
 /** What the chart's values.yaml defaults to, and the names its sidecar templates use. */
 export const SIDECAR = {
@@ -153,8 +175,6 @@ export interface PodChoices {
   readonly limits: { readonly cpu?: string | undefined, readonly memory?: string | undefined }
   readonly configMap?: string
 }
-
-type Json = Record<string, unknown>
 
 /** The definition's quantities with the pod's on top; nothing when neither has any. */
 function merged (base: unknown, add: Record<string, string | undefined>): Json | undefined {

@@ -7,29 +7,9 @@ import { createHash } from 'node:crypto'
 import { ConfigError, loadConfig } from '../config.js'
 import { ROUTE_METHOD_VARIABLES } from './annotations.js'
 import type { InjectSettings } from './patch.js'
-import { credentialsVolume, SIDECAR, sidecarContainer, type EnvVar, type SidecarOptions } from './sidecar.js'
+import { credentialsVolume, SIDECAR, sidecarContainer, type EnvVar, type SidecarOptions, type SidecarTemplate, type TemplateFacts } from './sidecar.js'
 
 export type Json = Record<string, unknown>
-
-export interface SidecarTemplate {
-  /** A Kubernetes Container; env entries with `value` or `valueFrom`. */
-  readonly container: Json
-  readonly volumes: readonly Json[]
-}
-
-/** What patch.ts reads off a checked template. */
-export interface TemplateFacts {
-  readonly name: string
-  readonly proxyPort: number
-  readonly adminPort: number
-  readonly logLevel: string
-  /** The COS_*_ALLOWED_METHODS of the routes configured, in the env's order. */
-  readonly methodVariables: readonly string[]
-  readonly graceSeconds: number
-  readonly credentialsVolume: string
-  readonly requests: { readonly cpu?: string, readonly memory?: string }
-  readonly limits: { readonly cpu?: string, readonly memory?: string }
-}
 
 const SIDECAR_FILE_VARIABLE = 'COS_INJECT_SIDECAR_FILE'
 
