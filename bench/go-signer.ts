@@ -1,15 +1,15 @@
 // The Go yardstick (issue 21): bench/go-signer/main.go, built here with the
 // machine's `go` (standard library only, offline, a throwaway build cache),
 // started as the other servers are, and checked against the project's own
-// token verifier (src/mock-api.ts) before anything is measured: a yardstick
+// token verifier (src/mock-api/mock-api.ts) before anything is measured: a yardstick
 // whose requests the real API would refuse measures nothing.
 import { execFileSync } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
 import { Agent, get as httpGet } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { join } from 'node:path'
-import { buildMockApi } from '../src/mock-api.js'
-import { parseToken, secretKey } from '../src/token.js'
+import { buildMockApi } from '../src/mock-api/mock-api.js'
+import { parseToken, secretKey } from '../src/token/token.js'
 import { BENCH_DIR, cpuMs, firstJsonLine, spawnProgram, stopChild, waitFor200, type Server } from './harness.js'
 
 export type GoSigner =
@@ -72,7 +72,7 @@ function statusesOf (url: string, count: number): Promise<number[]> {
 
 // Needs escaping (a space, a plus) so that QueryEscape is exercised on every field.
 const CHECK_KEY = 'bench go+check key'
-/** The proxy's header shape (src/token.ts, COS_TOKEN_ENCODING=url): no raw `/`, 32 hex characters of nonce. */
+/** The proxy's header shape (src/token/token.ts, COS_TOKEN_ENCODING=url): no raw `/`, 32 hex characters of nonce. */
 const URL_FORM = /^Bearer [A-Za-z0-9%+._~-]+%2F[0-9]{19}%2F[0-9a-f]{32}%2F[A-Za-z0-9%]{44,}$/
 
 /**

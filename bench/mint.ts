@@ -1,5 +1,5 @@
-// Token-minting micro-benchmark: what each hot-path choice in src/token.ts
-// buys, measured on the built code (dist/token.js).
+// Token-minting micro-benchmark: what each hot-path choice in src/token/token.ts
+// buys, measured on the built code (dist/token/token.js).
 //
 //   node --import tsx bench/mint.ts [--quick] [--json]
 //
@@ -13,8 +13,8 @@ import { parseArgs } from 'node:util'
 import { fixed, table } from './format.js'
 
 // dist/ has no type declarations; its types are src/'s.
-type TokenModule = typeof import('../src/token.js')
-const token = await import(new URL('../dist/token.js', import.meta.url).href) as TokenModule
+type TokenModule = typeof import('../src/token/token.js')
+const token = await import(new URL('../dist/token/token.js', import.meta.url).href) as TokenModule
 
 const ACCESS_KEY = 'AKIDBENCHMARK01'
 const SECRET = 'wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY'

@@ -19,12 +19,12 @@ import { fileURLToPath, pathToFileURL } from 'node:url'
 const root = fileURLToPath(new URL('..', import.meta.url))
 export const BUNDLE = join(root, 'dist', 'cos-auth-proxy.mjs')
 const NOTICES = join(root, 'dist', 'cos-auth-proxy.licenses.txt')
-const BUILD_URL = join(root, 'src', 'reply-from-build-url.ts')
+const BUILD_URL = join(root, 'src', 'patches', 'reply-from-build-url.ts')
 
 /**
- * src/reply-from-build-url.ts's buildURL, put into reply-from's lib/utils.js
+ * src/patches/reply-from-build-url.ts's buildURL, put into reply-from's lib/utils.js
  * at build time: the bundle has no node_modules and no require cache for
- * src/reply-from-patch.ts to patch at run time, so that module is left out.
+ * src/patches/reply-from-patch.ts to patch at run time, so that module is left out.
  */
 function replyFromBuildUrl () {
   let patched = 0
@@ -36,7 +36,7 @@ function replyFromBuildUrl () {
       b.onLoad({ filter: /[\\/]@fastify[\\/]reply-from[\\/]lib[\\/]utils\.js$/ }, args => {
         const wanted = /PATCHED_REPLY_FROM = '([^']+)'/.exec(readFileSync(BUILD_URL, 'utf8'))?.[1]
         const { version } = JSON.parse(readFileSync(join(dirname(args.path), '..', 'package.json'), 'utf8'))
-        if (version !== wanted) throw new Error(`@fastify/reply-from is ${version}; src/reply-from-build-url.ts replaces the buildURL of ${wanted}`)
+        if (version !== wanted) throw new Error(`@fastify/reply-from is ${version}; src/patches/reply-from-build-url.ts replaces the buildURL of ${wanted}`)
         patched++
         const source = readFileSync(args.path, 'utf8')
         return { contents: `${source}\nmodule.exports.buildURL = require(${JSON.stringify(BUILD_URL)}).buildURL\n`, loader: 'js' }
@@ -49,14 +49,14 @@ function replyFromBuildUrl () {
 }
 
 /**
- * The schema src/config.ts hands env-schema, captured by running its
+ * The schema src/config/config.ts hands env-schema, captured by running its
  * loadConfig against a stand-in env-schema (bundled on its own into a
  * temporary file).
  */
 async function configSchema () {
   const out = await build({
     stdin: {
-      contents: `import { loadConfig } from ${JSON.stringify(join(root, 'src', 'config.ts'))}
+      contents: `import { loadConfig } from ${JSON.stringify(join(root, 'src', 'config', 'config.ts'))}
         try { loadConfig({ dotenv: false, env: {} }) } catch {}
         export const schema = globalThis.__cosConfigSchema`,
       resolveDir: root,
@@ -83,7 +83,7 @@ async function configSchema () {
     const file = join(dir, 'config-schema.mjs')
     writeFileSync(file, out.outputFiles[0].text)
     const { schema } = await import(pathToFileURL(file).href)
-    if (schema === undefined) throw new Error('src/config.ts did not call env-schema: the bundle\'s precompiled validator has nothing to replace')
+    if (schema === undefined) throw new Error('src/config/config.ts did not call env-schema: the bundle\'s precompiled validator has nothing to replace')
     return schema
   } finally {
     rmSync(dir, { recursive: true, force: true })
@@ -95,7 +95,7 @@ async function configSchema () {
  * configuration's schema with ajv at every start: about 100 ms of the start
  * on Node 24 (docs/performance.md). The bundle validates the same schema
  * with the same ajv options, compiled here into plain code (ajv standalone):
- * src/config.ts's env-schema import resolves to a stand-in that runs it, and
+ * src/config/config.ts's env-schema import resolves to a stand-in that runs it, and
  * hands anything else (another schema, env or dotenv set) to the real
  * env-schema, which stays in the bundle but is evaluated only then.
  */
@@ -182,13 +182,13 @@ module.exports.default = Selector
 }
 
 /**
- * src/http-proxy-destination.ts's shortcut, put in front of the
+ * src/patches/http-proxy-destination.ts's shortcut, put in front of the
  * resolveDestination that @fastify/http-proxy's handler runs per request
  * (three URL parses): the published check still runs whenever the shortcut
  * cannot answer from the string alone.
  */
 function httpProxyDestinationShortcut () {
-  const file = join(root, 'src', 'http-proxy-destination.ts')
+  const file = join(root, 'src', 'patches', 'http-proxy-destination.ts')
   const call = '    resolveDestination(dest, effectiveRewritePrefix, upstream || undefined)\n    return replyHandler('
   let patched = 0
   return {
@@ -198,7 +198,7 @@ function httpProxyDestinationShortcut () {
         const wanted = /PATCHED_HTTP_PROXY = '([^']+)'/.exec(readFileSync(file, 'utf8'))?.[1]
         const { version } = JSON.parse(readFileSync(join(dirname(args.path), 'package.json'), 'utf8'))
         const source = readFileSync(args.path, 'utf8')
-        if (version !== wanted || source.split(call).length !== 2) throw new Error(`@fastify/http-proxy is ${version}; src/http-proxy-destination.ts is written for the handler of ${wanted}`)
+        if (version !== wanted || source.split(call).length !== 2) throw new Error(`@fastify/http-proxy is ${version}; src/patches/http-proxy-destination.ts is written for the handler of ${wanted}`)
         patched++
         const shortcut = `    if (!require(${JSON.stringify(file)}).destinationWithinPrefix(dest, effectiveRewritePrefix)) resolveDestination(dest, effectiveRewritePrefix, upstream || undefined)\n    return replyHandler(`
         return { contents: source.replace(call, shortcut), loader: 'js' }

@@ -4,8 +4,8 @@ import { randomBytes } from 'node:crypto'
 import type { AddressInfo } from 'node:net'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { parseArgs } from 'node:util'
-import { ConfigError, EXIT_CONFIG, describeConfig, loadConfig, type Config } from './config.js'
-import type { readPair } from './credentials.js'
+import { ConfigError, EXIT_CONFIG, describeConfig, loadConfig, type Config } from './config/config.js'
+import type { readPair } from './credentials/credentials.js'
 
 // Each command import()s what it runs, so none pays for another's modules:
 // `token` starts no fastify, undici or prom-client, `serve` no mock-api. The
@@ -50,7 +50,7 @@ function parse<T extends Record<string, { type: 'string' | 'boolean' }>> (args: 
 }
 
 async function credentialsOrExit (config: Config): Promise<Extract<Awaited<ReturnType<typeof readPair>>, { ok: true }>> {
-  const { readPair } = await import('./credentials.js')
+  const { readPair } = await import('./credentials/credentials.js')
   const pair = await readPair(config.credentials, config.tokenEncoding)
   if (!pair.ok) fail(EXIT_CONFIG, `config: ${pair.variable} ${pair.problem}`)
   return pair
@@ -62,7 +62,7 @@ const commands: Record<string, (args: string[]) => Promise<void>> = {
     const config = loadConfig()
     // Credential files that are missing or empty do not stop it: it starts
     // unready and picks them up when they appear (a Secret mounted late).
-    const [{ createLogger, inLogFormat, stdoutDestination }, { serve }] = await Promise.all([import('./logger.js'), import('./server.js')])
+    const [{ createLogger, inLogFormat, stdoutDestination }, { serve }] = await Promise.all([import('./observability/logger.js'), import('./server.js')])
     const stdout = stdoutDestination()
     const logger = createLogger(config.logLevel, await inLogFormat(config.logFormat, stdout))
     await serve({ config, logger, logLinesDropped: () => stdout.dropped })
@@ -96,7 +96,7 @@ const commands: Record<string, (args: string[]) => Promise<void>> = {
     if (values.nonce !== undefined && !/^[0-9a-f]{1,128}$/.test(values.nonce)) throw new UsageError('--nonce must be lowercase hex')
     const config = loadConfig({ needs: 'credentials' })
     const pair = await credentialsOrExit(config)
-    const { encodeToken, formatToken, mintFields } = await import('./token.js')
+    const { encodeToken, formatToken, mintFields } = await import('./token/token.js')
     const fields = mintFields({ accessKey: pair.accessKey, key: pair.key, timestamp: values.timestamp, nonce: values.nonce })
     const raw = formatToken(fields)
     process.stdout.write((values.raw === true ? raw : encodeToken(raw, config.tokenEncoding)) + '\n')
@@ -110,7 +110,7 @@ const commands: Record<string, (args: string[]) => Promise<void>> = {
     if (maxAge !== undefined && !/^[0-9]+$/.test(maxAge)) throw new UsageError('--max-age must be a whole number of seconds')
     const config = loadConfig({ needs: 'credentials' })
     const pair = await credentialsOrExit(config)
-    const { verifyToken } = await import('./token.js')
+    const { verifyToken } = await import('./token/token.js')
     const result = verifyToken(token, {
       accessKey: pair.accessKey,
       key: pair.key,
@@ -137,7 +137,7 @@ const commands: Record<string, (args: string[]) => Promise<void>> = {
     if (!Number.isInteger(port) || port < 0 || port > 65535) throw new UsageError('--port must be 0-65535')
     const config = loadConfig({ needs: 'credentials' })
     const pair = await credentialsOrExit(config)
-    const [{ createLogger, inLogFormat, stdoutDestination }, { buildMockApi }] = await Promise.all([import('./logger.js'), import('./mock-api.js')])
+    const [{ createLogger, inLogFormat, stdoutDestination }, { buildMockApi }] = await Promise.all([import('./observability/logger.js'), import('./mock-api/mock-api.js')])
     const logger = createLogger(config.logLevel, await inLogFormat(config.logFormat, stdoutDestination()))
     const app = buildMockApi({ accessKey: pair.accessKey, key: pair.key, logger })
     await app.listen({ host: config.mockHost, port })
@@ -170,7 +170,7 @@ const commands: Record<string, (args: string[]) => Promise<void>> = {
       // A person watches the demo: readable lines unless COS_LOG_FORMAT says otherwise.
       env: { COS_LOG_FORMAT: 'pretty', ...pick(process.env, DEMO_AMBIENT), COS_ACCESS_KEY: accessKey, COS_ACCESS_KEY_SECRET: secret },
     })
-    const [{ createLogger, inLogFormat, stdoutDestination }, { buildMockApi }, { serve }, { secretKey }] = await Promise.all([import('./logger.js'), import('./mock-api.js'), import('./server.js'), import('./token.js')])
+    const [{ createLogger, inLogFormat, stdoutDestination }, { buildMockApi }, { serve }, { secretKey }] = await Promise.all([import('./observability/logger.js'), import('./mock-api/mock-api.js'), import('./server.js'), import('./token/token.js')])
     const logger = createLogger(ambient.logLevel, await inLogFormat(ambient.logFormat, stdoutDestination()))
     const mock = buildMockApi({ accessKey, key: secretKey(secret), logger: logger.child({ component: 'mock-api' }) })
     await mock.listen({ host: ambient.mockHost, port: 0 })

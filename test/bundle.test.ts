@@ -9,11 +9,11 @@ import { fileURLToPath } from 'node:url'
 import { promisify } from 'node:util'
 import t, { type Test } from 'tap'
 import { imageBuild, imageCommand, scriptIndex } from '../bench/image.js'
-import { describeConfig, loadConfig } from '../src/config.js'
-import { DOT_SEGMENTS, DOTTED_NAMES } from './dotted-paths.js'
-import { ACCESS_KEY, SECRET, startUpstream } from './helpers.js'
-import { errorOf, get, rawRequest } from './security/raw.js'
-import { CLI, startSidecar } from './sidecar.js'
+import { describeConfig, loadConfig } from '../src/config/config.js'
+import { DOT_SEGMENTS, DOTTED_NAMES } from './support/dotted-paths.js'
+import { ACCESS_KEY, SECRET, startUpstream } from './support/helpers.js'
+import { errorOf, get, rawRequest } from './support/raw.js'
+import { CLI, startSidecar } from './support/sidecar.js'
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url))
 
@@ -46,7 +46,7 @@ t.test('the bundle serves on its own, without node_modules, with reply-from\'s b
   t.equal(up.received.length, DOTTED_NAMES.length, 'no dot-segment forwarded')
 })
 
-t.test('the bundle\'s config validator, compiled at build time, cannot accept or coerce what env-schema would not: the same configuration and the same refusals as src/config.ts', async t => {
+t.test('the bundle\'s config validator, compiled at build time, cannot accept or coerce what env-schema would not: the same configuration and the same refusals as src/config/config.ts', async t => {
   const dir = tempDir(t, 'cos-bundle-config-')
   const base = { COS_API_URL: 'http://127.0.0.1:1', COS_ACCESS_KEY: ACCESS_KEY, COS_ACCESS_KEY_SECRET: SECRET }
   const cases: Record<string, string>[] = [

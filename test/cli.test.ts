@@ -1,7 +1,7 @@
 // The CLI as users run it: the bundle that ships (dist/cos-auth-proxy.mjs) in a child process.
 import t from 'tap'
-import { CREDS, run, start } from './cli-process.js'
-import { ACCESS_KEY, SECRET, json, send, startUpstream } from './helpers.js'
+import { CREDS, run, start } from './support/cli-process.js'
+import { ACCESS_KEY, SECRET, json, send, startUpstream } from './support/helpers.js'
 
 const VECTOR = { args: ['--timestamp', '1700000000000000000', '--nonce', '0123456789abcdef0123456789abcdef'], env: { COS_ACCESS_KEY: 'AKIDEXAMPLE', COS_ACCESS_KEY_SECRET: 'wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY' } }
 

@@ -6,9 +6,9 @@ import { execFile } from 'node:child_process'
 import { readdirSync, readFileSync } from 'node:fs'
 import { promisify } from 'node:util'
 import t, { type Test } from 'tap'
-import { secretKey, verifyToken } from '../src/token.js'
-import { ACCESS_KEY, SECRET, sha256, startProxy, startUpstream, type Received, type RunningProxy, type Upstream } from './helpers.js'
-import { converse, headerNames, parseRequests, type RawRequestHead } from './security/raw.js'
+import { secretKey, verifyToken } from '../src/token/token.js'
+import { ACCESS_KEY, SECRET, sha256, startProxy, startUpstream, type Received, type RunningProxy, type Upstream } from './support/helpers.js'
+import { converse, headerNames, parseRequests, type RawRequestHead } from './support/raw.js'
 
 const FIXTURES = new URL('./fixtures/clients/', import.meta.url)
 const key = secretKey(SECRET)

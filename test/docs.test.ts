@@ -5,7 +5,7 @@ import { existsSync, readdirSync, readFileSync } from 'node:fs'
 import { dirname, join, relative } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import t from 'tap'
-import { VARIABLES } from '../src/config.js'
+import { VARIABLES } from '../src/config/config.js'
 import { INJECT_VARIABLES } from '../src/inject/config.js'
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url))

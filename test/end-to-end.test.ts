@@ -3,10 +3,10 @@
 import { randomBytes } from 'node:crypto'
 import type { AddressInfo } from 'node:net'
 import t from 'tap'
-import { createLogger } from '../src/logger.js'
-import { buildMockApi } from '../src/mock-api.js'
-import { parseToken, queryEscape, secretKey } from '../src/token.js'
-import { ACCESS_KEY, LogCapture, SECRET, json, send, sha256, startProxy, startUpstream } from './helpers.js'
+import { createLogger } from '../src/observability/logger.js'
+import { buildMockApi } from '../src/mock-api/mock-api.js'
+import { parseToken, queryEscape, secretKey } from '../src/token/token.js'
+import { ACCESS_KEY, LogCapture, SECRET, json, send, sha256, startProxy, startUpstream } from './support/helpers.js'
 
 async function startMock (secret: string, logs?: LogCapture): Promise<{ url: string, close: () => Promise<void> }> {
   const app = buildMockApi({ accessKey: ACCESS_KEY, key: secretKey(secret), logger: logs === undefined ? false : createLogger('trace', logs) })

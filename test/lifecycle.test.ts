@@ -8,9 +8,9 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
 import t from 'tap'
-import { json, send, stallingUpstream, startUpstream, streamForever, type SimpleResponse } from './helpers.js'
-import { CLI, startSidecar as startSidecarIn, until, writeKeyPair } from './sidecar.js'
-import { TRAILER_PROBES, answerDeclaringTrailers, rawRequest, startRawUpstream } from './security/raw.js'
+import { json, send, stallingUpstream, startUpstream, streamForever, type SimpleResponse } from './support/helpers.js'
+import { CLI, startSidecar as startSidecarIn, until, writeKeyPair } from './support/sidecar.js'
+import { TRAILER_PROBES, answerDeclaringTrailers, rawRequest, startRawUpstream } from './support/raw.js'
 
 const CWD = mkdtempSync(join(tmpdir(), 'cos-life-'))
 t.teardown(() => rmSync(CWD, { recursive: true, force: true }))

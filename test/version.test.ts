@@ -6,7 +6,7 @@ import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import t from 'tap'
 import YAML from 'yaml'
-import { run } from './cli-process.js'
+import { run } from './support/cli-process.js'
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url))
 const read = (path: string): string => readFileSync(join(ROOT, path), 'utf8')

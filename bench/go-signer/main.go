@@ -1,7 +1,7 @@
 // The benchmark's yardstick (issue 21): what a platform team would write
 // instead of this proxy, in Go's standard library only. A reverse proxy
 // (net/http/httputil.ReverseProxy) that signs every request as the proxy does
-// (src/token.ts): message <accessKey>:<timestamp>:<nonce>, signature
+// (src/token/token.ts): message <accessKey>:<timestamp>:<nonce>, signature
 // base64(HMAC-SHA256(secret, message)), token
 // <accessKey>/<timestamp>/<nonce>/<signature>, header
 // "Bearer " + url.QueryEscape(token) (COS_TOKEN_ENCODING=url, the default).
@@ -35,7 +35,7 @@ import (
 	"time"
 )
 
-// Headers the proxy never forwards (src/upstream-headers.ts); the hop-by-hop
+// Headers the proxy never forwards (src/proxy/upstream-headers.ts); the hop-by-hop
 // ones ReverseProxy drops itself.
 var dropped = []string{"Authorization", "Proxy-Authorization", "Forwarded", "X-Forwarded-Host", "X-Forwarded-Proto", "X-Forwarded-Port", "X-Forwarded-Prefix", "X-Real-Ip"}
 

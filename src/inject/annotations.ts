@@ -1,6 +1,6 @@
 // The pod annotations the webhook reads, each checked on its own: a bad value
 // is an AnnotationProblem naming the annotation, and the pod is refused with it.
-import { LOG_LEVELS, PROXY_METHODS } from '../config.js'
+import { LOG_LEVELS, PROXY_METHODS } from '../config/config.js'
 
 const PREFIX = 'cos-auth-proxy.io/'
 export const ANNOTATIONS = {

@@ -1,10 +1,10 @@
 // Settings of `cos-auth-proxy inject`: its own COS_INJECT_* variables (this
-// table), plus the proxy's (src/config.ts) for the admin port, logs, drain,
+// table), plus the proxy's (src/config/config.ts) for the admin port, logs, drain,
 // and, without COS_INJECT_SIDECAR_FILE, the upstream settings handed to every
 // sidecar it injects. Errors are ConfigError: exit 78 with one line naming
 // the variable.
 import { readFileSync } from 'node:fs'
-import { ConfigError, loadConfig, type LogFormat, type LogLevel } from '../config.js'
+import { ConfigError, loadConfig, type LogFormat, type LogLevel } from '../config/config.js'
 import type { InjectSettings } from './patch.js'
 import type { EnvVar } from './sidecar.js'
 import { injectSettings, parseSidecarFile, templateFromEnv } from './template.js'

@@ -4,9 +4,9 @@
 // endpoint), stop accepting, give reviews in flight COS_SHUTDOWN_TIMEOUT_MS.
 import type { AddressInfo } from 'node:net'
 import type { Logger } from 'pino'
-import { buildAdminServer, listenWithAdmin, type Readiness } from '../admin.js'
-import { drain } from '../drain.js'
-import { createLogger, inLogFormat, stdoutDestination } from '../logger.js'
+import { buildAdminServer, listenWithAdmin, type Readiness } from '../admin/admin.js'
+import { drain } from '../admin/drain.js'
+import { createLogger, inLogFormat, stdoutDestination } from '../observability/logger.js'
 import { loadInjectConfig, type InjectConfig } from './config.js'
 import { InjectMetrics } from './metrics.js'
 import { buildWebhookServer } from './server.js'

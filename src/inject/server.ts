@@ -6,7 +6,7 @@ import { readFile } from 'node:fs/promises'
 import type { Server as HttpsServer } from 'node:https'
 import { createSecureContext } from 'node:tls'
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyError, type FastifyInstance } from 'fastify'
-import { sendError } from '../errors.js'
+import { sendError } from '../proxy/errors.js'
 import type { InjectMetrics } from './metrics.js'
 import { answerReview, MalformedReview, type InjectSettings } from './patch.js'
 

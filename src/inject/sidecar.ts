@@ -5,7 +5,7 @@
 // test/inject/chart.test.ts and patch.test.ts compare both field by field with what the chart
 // renders (test/fixtures/chart/, examples/sidecar-parent-chart/rendered/),
 // which scripts/ci-packaging.sh keeps current, so neither can drift unnoticed.
-import { VARIABLES } from '../config.js'
+import { VARIABLES } from '../config/config.js'
 
 type Json = Record<string, unknown>
 

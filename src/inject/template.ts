@@ -4,7 +4,7 @@
 // from the webhook's environment when no file is given. Checked here so that
 // a definition the webhook accepts is one the sidecar starts with.
 import { createHash } from 'node:crypto'
-import { ConfigError, loadConfig } from '../config.js'
+import { ConfigError, loadConfig } from '../config/config.js'
 import { ROUTE_METHOD_VARIABLES } from './annotations.js'
 import type { InjectSettings } from './patch.js'
 import { credentialsVolume, SIDECAR, sidecarContainer, type EnvVar, type SidecarOptions, type SidecarTemplate, type TemplateFacts } from './sidecar.js'

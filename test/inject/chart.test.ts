@@ -8,7 +8,7 @@
 import { readFileSync } from 'node:fs'
 import { fileURLToPath } from 'node:url'
 import t from 'tap'
-import { ConfigError, loadConfig, VARIABLES } from '../../src/config.js'
+import { ConfigError, loadConfig, VARIABLES } from '../../src/config/config.js'
 import { answerReview } from '../../src/inject/patch.js'
 import { CONFIGMAP_TUNABLE, IMAGE_NODE_OPTIONS, pinnedEnv } from '../../src/inject/sidecar.js'
 import { parseSidecarFile } from '../../src/inject/template.js'

@@ -3,7 +3,7 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import t from 'tap'
-import { ConfigError } from '../../src/config.js'
+import { ConfigError } from '../../src/config/config.js'
 import { loadInjectConfig as load } from '../../src/inject/config.js'
 import { envOf } from '../../src/inject/template.js'
 

@@ -10,8 +10,8 @@ import { pino } from 'pino'
 import t, { type Test } from 'tap'
 import { InjectMetrics } from '../../src/inject/metrics.js'
 import { buildWebhookServer } from '../../src/inject/server.js'
-import { run, start } from '../cli-process.js'
-import { makePki, type Pki } from '../tls-fixtures.js'
+import { run, start } from '../support/cli-process.js'
+import { makePki, type Pki } from '../support/tls-fixtures.js'
 import { appPod, applyResponsePatch, chartPod, EXAMPLE_SETTINGS, podReview } from './pods.js'
 
 type Json = Record<string, unknown>

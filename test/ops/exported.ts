@@ -6,9 +6,9 @@
 import { readFileSync } from 'node:fs'
 import type { Test } from 'tap'
 import { InjectMetrics } from '../../src/inject/metrics.js'
-import { ProxyMetrics } from '../../src/metrics.js'
-import { CREDS, start } from '../cli-process.js'
-import { send, startUpstream } from '../helpers.js'
+import { ProxyMetrics } from '../../src/observability/metrics.js'
+import { CREDS, start } from '../support/cli-process.js'
+import { send, startUpstream } from '../support/helpers.js'
 
 /** Metric family name → type. */
 export type Families = ReadonlyMap<string, string>

@@ -6,10 +6,10 @@
 // @fastify/reply-from's `response errored` or Fastify's stream warnings.
 import { connect } from 'node:net'
 import t, { type Test } from 'tap'
-import { CredentialStore } from '../../src/credentials.js'
-import { createLogger } from '../../src/logger.js'
-import { buildProxyServer } from '../../src/proxy-server.js'
-import { freePort, LogCapture, send, stallingUpstream, startProxy, startUpstream, testConfig, until } from '../helpers.js'
+import { CredentialStore } from '../../src/credentials/credentials.js'
+import { createLogger } from '../../src/observability/logger.js'
+import { buildProxyServer } from '../../src/proxy/proxy-server.js'
+import { freePort, LogCapture, send, stallingUpstream, startProxy, startUpstream, testConfig, until } from '../support/helpers.js'
 import { read } from './exported.js'
 import { sectionText } from './markdown.js'
 

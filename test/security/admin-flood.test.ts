@@ -8,8 +8,8 @@ import { connect, type Socket } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import t from 'tap'
-import { send, startUpstream } from '../helpers.js'
-import { startSidecar, until, writeKeyPair } from '../sidecar.js'
+import { send, startUpstream } from '../support/helpers.js'
+import { startSidecar, until, writeKeyPair } from '../support/sidecar.js'
 
 const CWD = mkdtempSync(join(tmpdir(), 'cos-flood-'))
 t.teardown(() => rmSync(CWD, { recursive: true, force: true }))

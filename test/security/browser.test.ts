@@ -7,10 +7,10 @@
 import { readFileSync } from 'node:fs'
 import type { AddressInfo } from 'node:net'
 import t, { type Test } from 'tap'
-import { buildAdminServer } from '../../src/admin.js'
-import { ProxyMetrics } from '../../src/metrics.js'
-import { startProxy } from '../helpers.js'
-import { errorOf, rawRequest, startCountingUpstream, type CountingUpstream } from './raw.js'
+import { buildAdminServer } from '../../src/admin/admin.js'
+import { ProxyMetrics } from '../../src/observability/metrics.js'
+import { startProxy } from '../support/helpers.js'
+import { errorOf, rawRequest, startCountingUpstream, type CountingUpstream } from '../support/raw.js'
 
 /** A request Chromium 156 sent, byte for byte (CRLF line ends, body included). */
 function chromium (name: string): Buffer {

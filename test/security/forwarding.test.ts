@@ -2,8 +2,8 @@
 // never receive them as the proxy's word. Checked on the bytes the upstream
 // received (a TCP tap), not only on what its parser made of them.
 import t from 'tap'
-import { startProxy, startUpstream } from '../helpers.js'
-import { parseRequests, rawRequest, startTap } from './raw.js'
+import { startProxy, startUpstream } from '../support/helpers.js'
+import { parseRequests, rawRequest, startTap } from '../support/raw.js'
 
 const SPOOFED = [
   'X-Forwarded-For: 203.0.113.7',

@@ -6,9 +6,9 @@
 // proxy keeps serving.
 import fc from 'fast-check'
 import t, { type Test } from 'tap'
-import { routeFor } from '../../src/guard.js'
-import { startProxy, type Received, type RunningProxy } from '../helpers.js'
-import { errorOf, rawRequest, startCountingUpstream, type CountingUpstream } from './raw.js'
+import { routeFor } from '../../src/client/guard.js'
+import { startProxy, type Received, type RunningProxy } from '../support/helpers.js'
+import { errorOf, rawRequest, startCountingUpstream, type CountingUpstream } from '../support/raw.js'
 
 type RouteName = 'management' | 'optimize' | 'api'
 

@@ -5,8 +5,8 @@
 // forwarded, and the answers owed to the requests before it come first.
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import t, { type Test } from 'tap'
-import { startProxy, type RunningProxy } from '../helpers.js'
-import { errorOf, rawRequest, startCountingUpstream, type CountingUpstream, type RawResult } from './raw.js'
+import { startProxy, type RunningProxy } from '../support/helpers.js'
+import { errorOf, rawRequest, startCountingUpstream, type CountingUpstream, type RawResult } from '../support/raw.js'
 
 const GET = (path: string): string => `GET ${path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n`
 const POST = (path: string, body: string): string => `POST ${path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\nContent-Length: ${body.length}\r\n\r\n${body}`

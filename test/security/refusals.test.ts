@@ -5,9 +5,9 @@
 import { METHODS } from 'node:http'
 import { createServer } from 'node:net'
 import t, { type Test } from 'tap'
-import { PROXY_METHODS } from '../../src/config.js'
-import { json, listenOnLoopback, send, startProxy, type RunningProxy } from '../helpers.js'
-import { errorOf, get, headerNames, rawRequest, startCountingUpstream, type CountingUpstream, type RawOptions, type RawResponse } from './raw.js'
+import { PROXY_METHODS } from '../../src/config/config.js'
+import { json, listenOnLoopback, send, startProxy, type RunningProxy } from '../support/helpers.js'
+import { errorOf, get, headerNames, rawRequest, startCountingUpstream, type CountingUpstream, type RawOptions, type RawResponse } from '../support/raw.js'
 
 interface Rig {
   readonly proxy: RunningProxy

@@ -4,8 +4,8 @@
 // within which the proxy must have closed the slow connections.
 import { connect, type Socket } from 'node:net'
 import t from 'tap'
-import { startProxy } from '../helpers.js'
-import { errorOf, get, parseResponses, rawRequest, startCountingUpstream } from './raw.js'
+import { startProxy } from '../support/helpers.js'
+import { errorOf, get, parseResponses, rawRequest, startCountingUpstream } from '../support/raw.js'
 
 interface Slow {
   readonly opened: number

@@ -3,9 +3,9 @@
 // request of its own. A TCP tap in front of the upstream keeps the exact bytes
 // the proxy sent, so the framing it chose can be checked too.
 import t, { type Test } from 'tap'
-import { parseToken, secretKey, verifyToken } from '../../src/token.js'
-import { ACCESS_KEY, SECRET, startProxy, type Received, type RunningProxy } from '../helpers.js'
-import { errorOf, get, parseRequests, rawRequest, startCountingUpstream, startTap, type CountingUpstream, type Tap } from './raw.js'
+import { parseToken, secretKey, verifyToken } from '../../src/token/token.js'
+import { ACCESS_KEY, SECRET, startProxy, type Received, type RunningProxy } from '../support/helpers.js'
+import { errorOf, get, parseRequests, rawRequest, startCountingUpstream, startTap, type CountingUpstream, type Tap } from '../support/raw.js'
 
 const key = secretKey(SECRET)
 const SMUGGLED = 'GET /smuggled HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n'

@@ -6,8 +6,8 @@
 // impossible.
 import { createServer, type Socket } from 'node:net'
 import t, { type Test } from 'tap'
-import { listenOnLoopback, startProxy, startUpstream, type Received, type RunningProxy, type Upstream } from '../helpers.js'
-import { converse, errorOf, headerNames, parseRequests, rawRequest } from './raw.js'
+import { listenOnLoopback, startProxy, startUpstream, type Received, type RunningProxy, type Upstream } from '../support/helpers.js'
+import { converse, errorOf, headerNames, parseRequests, rawRequest } from '../support/raw.js'
 
 const H = 'Host: 127.0.0.1\r\n'
 const H2C = 'Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n'

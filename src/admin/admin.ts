@@ -1,0 +1,205 @@
+// The admin listener: probes, metrics and the drain trigger. A Fastify
+// instance of its own, so it never shares the proxy's port, hooks or logs.
+import type { AddressInfo } from 'node:net'
+import Fastify, { LogController, type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify'
+import { fromWebPage } from '../client/browser-checks.js'
+import { reapIdleConnections } from '../client/connections.js'
+import { sendError } from '../proxy/errors.js'
+import type { ProxyMetrics } from '../observability/metrics.js'
+
+export type Readiness = { readonly ready: true } | { readonly ready: false, readonly reason: string }
+
+/**
+ * What the admin listener may hold of the process. It serves a kubelet (one
+ * short connection per probe) and a scraper or two (one keep-alive
+ * connection each): Node's defaults (no cap, 72 s keep-alive, 60 s for the
+ * headers) let idle connections pile up until the process runs out of
+ * descriptors and the proxy, the probes and the credential reads all fail.
+ */
+export interface AdminLimits {
+  /** Open at once (COS_ADMIN_MAX_CONNECTIONS); at the cap a new connection displaces the one idle longest. */
+  readonly maxConnections: number
+  /** For a request's headers to arrive; a probe sends them at once. */
+  readonly headersTimeoutMs: number
+  /** For the whole request (bodies are 1 KiB at most). */
+  readonly requestTimeoutMs: number
+  /** A connection without a request in flight for this long is closed. */
+  readonly idleTimeoutMs: number
+}
+
+export const ADMIN_LIMITS: AdminLimits = { maxConnections: 64, headersTimeoutMs: 5_000, requestTimeoutMs: 10_000, idleTimeoutMs: 5_000 }
+
+export interface AdminOptions {
+  /** What /metrics serves: the proxy's, or the injection webhook's (which has no `ready` gauge). */
+  readonly metrics: Pick<ProxyMetrics, 'text' | 'contentType'> & Partial<Pick<ProxyMetrics, 'observeReadiness'>>
+  /** Asked on every GET /readyz. */
+  readonly readiness: () => Readiness
+  /** Called once, on the first POST /quitquitquit; later posts answer 202 without calling it again. */
+  readonly onQuit: () => void
+  /** Admin requests are logged at debug only; false or absent: not at all. */
+  readonly logger?: FastifyBaseLogger | false
+  /** ADMIN_LIMITS where not given. */
+  readonly limits?: Partial<AdminLimits>
+}
+
+/** Whether a peer is the pod itself. */
+export function isLoopbackPeer (address: string | undefined): boolean {
+  return address !== undefined && (address === '::1' || address.startsWith('127.') || address.startsWith('::ffff:127.'))
+}
+
+// Path → methods it answers, for 405 + Allow on the others (Fastify itself 404s them).
+const ALLOW: ReadonlyMap<string, string> = new Map([
+  ['/healthz', 'GET, HEAD'],
+  ['/readyz', 'GET, HEAD'],
+  ['/metrics', 'GET, HEAD'],
+  ['/quitquitquit', 'POST'],
+])
+
+/** The kubelet probes every few seconds: one debug line per request, nothing at info. */
+class AdminLog extends LogController {
+  override incomingRequest (): void { /* the completion line is enough */ }
+
+  override requestCompleted (error: Error | null | undefined, request: FastifyRequest, reply: FastifyReply): void {
+    const line = {
+      method: request.method,
+      // The route pattern, never the raw path: a 404 path is client text.
+      route: request.routeOptions.url ?? 'none',
+      status: reply.statusCode,
+      durationMs: Math.round(reply.elapsedTime * 100) / 100,
+    }
+    if (error) request.log.warn({ ...line, err: error }, 'admin request')
+    else request.log.debug(line, 'admin request')
+  }
+}
+
+/** Routes registered, not listening: the caller listens (and closes it last, so /healthz answers through the drain). */
+export function buildAdminServer (opts: AdminOptions): FastifyInstance {
+  opts.metrics.observeReadiness?.(() => opts.readiness().ready)
+  const limits = { ...ADMIN_LIMITS, ...opts.limits }
+  const app = Fastify({
+    // No loggerInstance: Fastify's logger stays off.
+    loggerInstance: opts.logger === false ? undefined : opts.logger,
+    logController: new AdminLog(),
+    bodyLimit: 1024,
+    keepAliveTimeout: limits.idleTimeoutMs,
+    requestTimeout: limits.requestTimeoutMs,
+    http: {
+      headersTimeout: limits.headersTimeoutMs,
+      requestTimeout: limits.requestTimeoutMs,
+      keepAliveTimeout: limits.idleTimeoutMs,
+      // How often those timeouts are enforced (Node's default is 30 s).
+      connectionsCheckingInterval: Math.min(1000, limits.headersTimeoutMs),
+    },
+  })
+  reapIdleConnections(app.server, limits.idleTimeoutMs, limits.maxConnections)
+
+  answerRefusalsAndErrors(app)
+  registerAdminRoutes(app, opts)
+  return app
+}
+
+/** What the admin listener refuses (web pages, unknown paths and methods) and its error shape. */
+function answerRefusalsAndErrors (app: FastifyInstance): void {
+  // `curl -d ''` and `wget --post-data` send a form content type to
+  // /quitquitquit; any small body is accepted and ignored.
+  app.removeAllContentTypeParsers()
+  app.addContentTypeParser('*', { parseAs: 'buffer' }, (_request, _body, done) => { done(null) })
+
+  // No web page has any business here: a form on any site could otherwise
+  // POST /quitquitquit through the developer's browser.
+  app.addHook('onRequest', (request, reply, done) => {
+    if (fromWebPage(request.headers.origin, request.headers['sec-fetch-site'])) {
+      sendError(reply, 403, 'forbidden_origin', 'the admin endpoints do not answer web pages (Origin, or Sec-Fetch-Site other than none)')
+      return
+    }
+    done()
+  })
+
+  app.setNotFoundHandler((request, reply) => {
+    const path = request.url.split('?', 1)[0] ?? ''
+    const allow = ALLOW.get(path)
+    if (allow === undefined) {
+      sendError(reply, 404, 'route_not_found', `no route for ${request.method} on this path`)
+      return
+    }
+    reply.header('allow', allow)
+    sendError(reply, 405, 'method_not_allowed', `${path} answers ${allow} only`)
+  })
+
+  app.setErrorHandler((error: FastifyError, request, reply) => {
+    const status = error.statusCode ?? 500
+    if (status >= 400 && status < 500) {
+      sendError(reply, status, status === 413 ? 'payload_too_large' : 'bad_request', error.message)
+      return
+    }
+    request.log.error({ err: error }, 'admin request failed')
+    sendError(reply, 500, 'internal_error', 'the admin endpoint failed')
+  })
+}
+
+/** /healthz, /readyz, /metrics and POST /quitquitquit. */
+function registerAdminRoutes (app: FastifyInstance, opts: AdminOptions): void {
+  const { metrics } = opts
+  // Liveness only: the event loop ran this handler. Stays 200 while draining,
+  // so the kubelet does not restart a pod that is shutting down cleanly.
+  app.get('/healthz', (_request, reply) => {
+    void reply.send({ status: 'ok' })
+  })
+
+  app.get('/readyz', (_request, reply) => {
+    const r = opts.readiness()
+    if (r.ready) void reply.send({ status: 'ready' })
+    else void reply.code(503).send({ status: 'not_ready', reason: r.reason })
+  })
+
+  app.get('/metrics', async (_request, reply) => {
+    const text = await metrics.text()
+    return reply.type(metrics.contentType).send(text)
+  })
+
+  let quitting = false
+  // The admin port listens on 0.0.0.0 in a pod so the kubelet can probe it;
+  // stopping the proxy is for the pod's own containers (a Job's main
+  // container), so only loopback peers may ask.
+  app.post('/quitquitquit', (request, reply) => {
+    if (!isLoopbackPeer(request.socket.remoteAddress)) {
+      void reply.code(403).send({ error: { code: 'forbidden_source', message: 'only the pod itself (loopback) may stop the proxy' } })
+      return
+    }
+    void reply.code(202).send({ status: 'draining' })
+    if (quitting) return
+    quitting = true
+    // After the reply: the drain may close this server, and the caller wants its 202.
+    try {
+      opts.onQuit()
+    } catch (err) {
+      request.log.error({ err }, 'quitquitquit: starting the drain failed')
+    }
+  })
+}
+
+/** Where both listeners of a process are bound, as the start line logs it. */
+export interface BoundListeners {
+  readonly address: AddressInfo
+  readonly adminAddress: AddressInfo
+  /** address, port and admin { address, port }: the start line's common fields. */
+  readonly fields: { readonly address: string, readonly port: number, readonly admin: { readonly address: string, readonly port: number } }
+}
+
+/**
+ * Starts the admin listener, then the main one, so probes answer before
+ * traffic arrives; used by `serve` and `inject` alike.
+ */
+export async function listenWithAdmin (app: FastifyInstance, listen: ListenAt, admin: FastifyInstance, adminListen: ListenAt): Promise<BoundListeners> {
+  await admin.listen({ host: adminListen.host, port: adminListen.port })
+  await app.listen({ host: listen.host, port: listen.port })
+  const address = app.server.address() as AddressInfo
+  const adminAddress = admin.server.address() as AddressInfo
+  return {
+    address,
+    adminAddress,
+    fields: { address: address.address, port: address.port, admin: { address: adminAddress.address, port: adminAddress.port } },
+  }
+}
+
+interface ListenAt { readonly host: string, readonly port: number }

@@ -1,0 +1,97 @@
+// The Access Key pair: read from mounted files or literals, validated as one
+// value and held behind a single reference, so a swap is atomic: a request
+// signs with the old pair or the new pair, never a mix.
+import type { KeyObject } from 'node:crypto'
+import { readBoundedFile, type FileRefusal } from './bounded-file.js'
+import type { Config, CredentialSource } from '../config/config.js'
+import type { Secret } from './secret.js'
+import { HeaderMinter, secretKey, type TokenEncoding } from '../token/token.js'
+
+export type PairResult =
+  | { readonly ok: true, readonly accessKey: string, readonly key: KeyObject, readonly minter: HeaderMinter }
+  | PairFailure
+
+/** `refusal`: the file was refused unread (what is at the path, or a read that never finished). */
+export interface PairFailure { readonly ok: false, readonly variable: string, readonly problem: string, readonly refusal?: ReadRefusal }
+export type ReadRefusal = FileRefusal | 'read_timeout'
+
+type ItemResult = { readonly ok: true, readonly value: string } | PairFailure
+
+// The access key is the first field of a `/`-separated token and part of a
+// `:`-joined message: either character would make tokens ambiguous.
+const ACCESS_KEY = /^[\x21-\x7e]+$/
+function accessKeyProblem (key: string): string | undefined {
+  if (!ACCESS_KEY.test(key)) return 'must be printable ASCII without spaces'
+  if (key.includes('/') || key.includes(':')) return 'must not contain "/" or ":"'
+  return undefined
+}
+
+function literalItem (name: string, secret: Secret): ItemResult {
+  const value = secret.reveal().trim()
+  return value === '' ? { ok: false, variable: name, problem: 'is empty' } : { ok: true, value }
+}
+
+/** A key or secret is a few dozen characters; a file far larger is not one (and is never read whole). */
+export const CREDENTIAL_FILE_MAX_BYTES = 4096
+
+async function readItem (name: string, source: CredentialSource): Promise<ItemResult> {
+  if (source.value !== undefined) return literalItem(name, source.value)
+  const path = source.file ?? ''
+  const read = await readBoundedFile(path, CREDENTIAL_FILE_MAX_BYTES)
+  const variable = `${name}_FILE`
+  if (!read.ok) return { ...read, variable }
+  const value = read.text.trim()
+  if (value === '') return { ok: false, variable, problem: `file ${JSON.stringify(path)} is empty` }
+  return { ok: true, value }
+}
+
+function toPair (credentials: Config['credentials'], encoding: TokenEncoding, key: ItemResult, secret: ItemResult): PairResult {
+  if (!key.ok) return key
+  if (!secret.ok) return secret
+  const problem = accessKeyProblem(key.value)
+  if (problem !== undefined) {
+    return { ok: false, variable: credentials.accessKey.file === undefined ? 'COS_ACCESS_KEY' : 'COS_ACCESS_KEY_FILE', problem: `access key ${problem}` }
+  }
+  const hmacKey = secretKey(secret.value)
+  return { ok: true, accessKey: key.value, key: hmacKey, minter: new HeaderMinter(key.value, hmacKey, encoding) }
+}
+
+/** Reads both items and builds a minter, or says which variable is wrong. Never echoes the secret. */
+export async function readPair (credentials: Config['credentials'], encoding: TokenEncoding): Promise<PairResult> {
+  const [key, secret] = await Promise.all([
+    readItem('COS_ACCESS_KEY', credentials.accessKey),
+    readItem('COS_ACCESS_KEY_SECRET', credentials.secret),
+  ])
+  return toPair(credentials, encoding, key, secret)
+}
+
+/**
+ * Holds the pair in force. `current` is read on every request; `swap`
+ * replaces it in one assignment. Listeners hear about changes (metrics, logs).
+ */
+export class CredentialStore {
+  #minter: HeaderMinter | undefined
+  #loadedAt: Date | undefined
+
+  constructor (initial?: HeaderMinter) {
+    this.#minter = initial
+    this.#loadedAt = initial === undefined ? undefined : new Date()
+  }
+
+  get current (): HeaderMinter | undefined {
+    return this.#minter
+  }
+
+  /** When the pair in force was put in force (for the diagnosis of an upstream 401). */
+  get loadedAt (): Date | undefined {
+    return this.#loadedAt
+  }
+
+  /** Installs `next`; returns true when it is a different pair from the one in force. */
+  swap (next: HeaderMinter): boolean {
+    const prev = this.#minter
+    this.#minter = next
+    this.#loadedAt = new Date()
+    return prev === undefined || !prev.samePair(next)
+  }
+}

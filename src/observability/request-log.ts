@@ -1,0 +1,86 @@
+import { LogController, type FastifyReply, type FastifyRequest } from 'fastify'
+import { hasErrorCode } from '../upstream/error-codes.js'
+import { responseFailure } from '../proxy/response.js'
+
+/** Per-request counters and histograms; ProxyMetrics implements it. */
+export interface RequestObserver {
+  requestStarted: () => void
+  /** `aborted`: the connection closed before the response finished. */
+  requestFinished: (route: string, method: string, status: number, totalSeconds: number, upstreamSeconds: number | undefined, aborted: boolean) => void
+  /** A response that could not be written (its connection was closed instead); before its requestFinished. */
+  responseFailed?: (route: string) => void
+}
+
+/** The fields of the one line per request. */
+interface RequestLine { reqId: string, method: string, route: string, status: number, durationMs: number, upstreamMs?: number, aborted?: true }
+
+/** nginx's "client closed request": logged when the connection closed before any status was sent. */
+export const CLIENT_CLOSED_REQUEST = 499
+
+/**
+ * One line per request, written when the response is closed: method, route
+ * name, status, duration and (via the child logger) the request id. Never the
+ * path, the query or a header: they may carry client data, and the
+ * Authorization header carries a token.
+ *
+ * Fastify reports completion on the response's `finish`; a client that goes
+ * away mid-response never gets there, so the line (and the in-flight gauge)
+ * hang off `close`, which fires exactly once either way. Such a line says
+ * `aborted`, and its status is 499 when no response had started (Fastify's
+ * default 200 would claim an answer nobody sent).
+ */
+export class RequestLog extends LogController {
+  readonly #observer: RequestObserver | undefined
+  /** Responses not yet closed (their line not yet written). */
+  open = 0
+
+  constructor (observer?: RequestObserver) {
+    super({ requestIdLogLabel: 'reqId' })
+    this.#observer = observer
+  }
+
+  override incomingRequest (request: FastifyRequest, reply: FastifyReply): void {
+    this.#observer?.requestStarted()
+    this.open++
+    reply.raw.once('close', () => { this.open--; this.#completed(request, reply) })
+  }
+
+  override requestCompleted (): void {
+    // Written on close instead; see above.
+  }
+
+  /**
+   * A response stream that ended in an error after its head was sent (an
+   * upstream body that failed midway): the proxy's `request failed` line
+   * instead of Fastify's warning. A client that went away ends its stream
+   * too; its request line says `aborted`, and that is all there is to say.
+   */
+  override streamError (error: Error, request: FastifyRequest): void {
+    if (hasErrorCode(error, 'ERR_STREAM_PREMATURE_CLOSE') || hasErrorCode(error, 'UND_ERR_ABORTED')) return
+    request.log.error({ err: error }, 'request failed')
+  }
+
+  #completed (request: FastifyRequest, reply: FastifyReply): void {
+    const route = request.routeOptions.config.routeName ?? 'none'
+    const failure = responseFailure(reply.raw)
+    const aborted = !reply.raw.writableFinished || failure !== undefined
+    if (failure !== undefined) {
+      this.#observer?.responseFailed?.(route)
+      request.log.error({ err: failure }, 'the response could not be written: its connection was closed')
+    }
+    // A reply the proxy itself took over (a request dropped behind a refusal,
+    // connection-refusals.ts) keeps the status it was given: no client closed that one.
+    const status = aborted && !reply.raw.headersSent && !reply.sent ? CLIENT_CLOSED_REQUEST : reply.statusCode
+    const elapsedMs = reply.elapsedTime
+    // eslint-disable-next-line @typescript-eslint/no-unnecessary-condition -- undefined on requests no proxy route handled
+    const upstreamMs = request.upstreamMs ?? -1
+    this.#observer?.requestFinished(route, request.method, status, elapsedMs / 1000, upstreamMs < 0 ? undefined : upstreamMs / 1000, aborted)
+    // Keys added in place: spreads would build and copy two objects per line.
+    const line: RequestLine = { reqId: request.id, method: request.method, route, status, durationMs: Math.round(elapsedMs * 100) / 100 }
+    if (upstreamMs >= 0) line.upstreamMs = Math.round(upstreamMs * 100) / 100
+    if (aborted) line.aborted = true
+    // The server's logger, with the id in the line: the request loggers of
+    // the proxied routes pass only errors (proxy.ts). Same JSON either way.
+    request.server.log.info(line, 'request')
+  }
+}

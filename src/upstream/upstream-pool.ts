@@ -1,0 +1,68 @@
+// An upstream's TLS material (COS_CA_FILE, the client certificate) and the
+// undici Pool options every upstream connection shares, direct or through
+// an egress proxy.
+import { rootCertificates } from 'node:tls'
+import { Pool } from 'undici'
+import { readBoundedFileSync } from '../credentials/bounded-file.js'
+import { ConfigError, type Config } from '../config/config.js'
+
+export interface TlsMaterial {
+  readonly ca?: readonly string[]
+  readonly cert?: string
+  readonly key?: string
+}
+
+/** Room for a large CA bundle (the Mozilla one is ~220 KB); a file past it is refused unread. */
+export const TLS_FILE_MAX_BYTES = 1024 * 1024
+
+/**
+ * Reads COS_CA_FILE / COS_CLIENT_CERT_FILE / COS_CLIENT_KEY_FILE. Throws
+ * ConfigError naming the file's variable. Synchronous (start-up, and a
+ * change seen by watchFile), but a FIFO, device or huge file at a path is
+ * refused without waiting on it or reading it whole.
+ */
+export function readTlsMaterial (files: Config['tls']): TlsMaterial {
+  const read = (variable: string, path: string | undefined, marker: RegExp): string | undefined => {
+    if (path === undefined) return undefined
+    const file = readBoundedFileSync(path, TLS_FILE_MAX_BYTES)
+    if (!file.ok) throw new ConfigError(variable, file.problem)
+    // Contents are never echoed: a key file is a secret.
+    if (!marker.test(file.text)) throw new ConfigError(variable, `${JSON.stringify(path)} holds no PEM block of the expected kind`)
+    return file.text
+  }
+  const ca = read('COS_CA_FILE', files.caFile, /-----BEGIN CERTIFICATE-----/)
+  const cert = read('COS_CLIENT_CERT_FILE', files.clientCertFile, /-----BEGIN CERTIFICATE-----/)
+  const key = read('COS_CLIENT_KEY_FILE', files.clientKeyFile, /-----BEGIN [A-Z ]*PRIVATE KEY-----/)
+  return {
+    // "Adds" a bundle: Node's `ca` option replaces the default roots, so keep them.
+    ...(ca === undefined ? {} : { ca: [...rootCertificates, ca] }),
+    ...(cert === undefined ? {} : { cert }),
+    ...(key === undefined ? {} : { key }),
+  }
+}
+
+export interface UpstreamOptions {
+  readonly connectTimeoutMs: number
+  /** Time to response headers. */
+  readonly headersTimeoutMs: number
+  /** Longest silence while a body streams. */
+  readonly bodyIdleTimeoutMs: number
+  /** Sockets per upstream origin; requests beyond them wait in the pool's queue. */
+  readonly maxConnections: number
+}
+
+/** The same for every upstream connection, direct or through an egress proxy. */
+export function poolOptions (opts: UpstreamOptions): Pool.Options {
+  return {
+    headersTimeout: opts.headersTimeoutMs,
+    bodyTimeout: opts.bodyIdleTimeoutMs,
+    // Keep idle sockets a little under the common 5 s server default, so the
+    // proxy closes them first instead of writing into a socket being closed.
+    keepAliveTimeout: 4_000,
+    connections: opts.maxConnections,
+  }
+}
+
+export function createPool (origin: string, opts: UpstreamOptions, tls: TlsMaterial): Pool {
+  return new Pool(origin, { connect: { timeout: opts.connectTimeoutMs, ...tls }, ...poolOptions(opts) })
+}
