@@ -107,3 +107,14 @@ t.test('src/\'s imports have no cycle', async t => {
   t.equal(findCycle(graph)?.join(' → '), undefined, 'no module imports itself through others')
   t.same(findCycle(new Map([['a', ['b']], ['b', ['c']], ['c', ['a']]])), ['a', 'b', 'c', 'a'], 'the cycle finder finds one')
 })
+
+t.test('src/\'s folders import one another one way only', async t => {
+  const folderOf = (file: string): string => file.includes('/') ? file.slice(0, file.indexOf('/')) : '(top)'
+  const graph = new Map<string, string[]>()
+  for (const file of allModules()) {
+    const from = folderOf(file)
+    const to = importsOf(file).map(folderOf).filter(f => f !== from)
+    graph.set(from, [...new Set([...(graph.get(from) ?? []), ...to])])
+  }
+  t.equal(findCycle(graph)?.join(' → '), undefined, 'no folder imports itself through others: the tree reads top-down')
+})

@@ -4,28 +4,7 @@
 // DNS rebinding and cross-site requests are refused here; guard.ts holds the
 // checks of the target.
 import { BlockList, isIPv4, isIPv6 } from 'node:net'
-
-// A Host value as a browser sends it: a name or an IPv4 address, or an IPv6
-// address in brackets, then an optional port. Userinfo, paths, spaces and
-// percent-escapes are not, and are never read as loopback.
-const HOST_VALUE = /^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~-]+)(?::[0-9]{0,5})?$/
-
-/**
- * The name in a Host header value, read as a browser reads the host of a URL
- * (the WHATWG URL parser): lower case, without port or trailing dot, IPv4 in
- * dotted decimal (`127.1` and `0x7f.1` are `127.0.0.1`), IPv6 compressed and
- * in brackets. Undefined when the value is not `host[:port]`.
- */
-export function hostName (value: string): string | undefined {
-  if (!HOST_VALUE.test(value)) return undefined
-  let name: string
-  try {
-    name = new URL(`http://${value}/`).hostname
-  } catch {
-    return undefined
-  }
-  return name.endsWith('.') ? name.slice(0, -1) : name
-}
+import { hostName } from '../config/names.js'
 
 const LOOPBACK_V6 = new BlockList()
 LOOPBACK_V6.addAddress('::1', 'ipv6')

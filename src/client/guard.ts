@@ -4,6 +4,7 @@
 // those rights: these checks decide who and what gets through (which peers,
 // which targets, which header); browser-checks.ts decides which web pages.
 import { BlockList, isIPv4 } from 'node:net'
+import { foldedPrefix, foldSegment, withoutParams } from '../config/names.js'
 import type { Route } from '../config/route.js'
 
 /** COS_ALLOW_FROM as a BlockList (used as an allow-list). */
@@ -93,31 +94,6 @@ function isDotSegment (segment: string): boolean {
   if (segment.length < 2 || segment.charCodeAt(0) !== 46 /* . */) return false
   const bare = withoutParams(segment).trimEnd()
   return bare === '.' || bare === '..'
-}
-
-function withoutParams (segment: string): string {
-  const semicolon = segment.indexOf(';')
-  return semicolon < 0 ? segment : segment.slice(0, semicolon)
-}
-
-// Surrounding whitespace, and trailing dots (Windows and IIS drop them: `a.` is `a`).
-const UNTRIMMED = /^\s+|[\s.]+$/g
-
-/**
- * A path segment as lenient servers compare it: without `;params` (Tomcat,
- * Jetty, Spring), case folded (IIS, ASP.NET routing, case-insensitive
- * routers; through upper case, as Java's equalsIgnoreCase, so the dotless
- * `ı` is `i`), without surrounding whitespace or trailing dots (Windows).
- * The caller has already decoded and NFKC-normalised it (fullwidth `ｍ` is
- * `m`, the Kelvin sign is `K`).
- */
-export function foldSegment (segment: string): string {
-  return withoutParams(segment).toUpperCase().toLowerCase().replace(UNTRIMMED, '')
-}
-
-/** A configured prefix as folded segments: `/Mgmt/v1` → ['mgmt', 'v1']. */
-export function foldedPrefix (prefix: string): string[] {
-  return prefix.split('/').map(foldSegment).filter(s => s !== '')
 }
 
 /** Percent-decoded (twice, as a lenient upstream might), then NFKC; the input when an escape is malformed. */

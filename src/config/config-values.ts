@@ -2,12 +2,31 @@
 // methods, hosts, CIDRs, origins, the required header, TLS files, egress
 // proxies, credential sources. Each error names its variable.
 import { isIP, isIPv6 } from 'node:net'
-import { hostName } from '../client/browser-checks.js'
 import { ConfigError, PROXY_METHODS, PROXY_URL, VARIABLES, type Raw, type VariableName } from './config-variables.js'
-import type { Egress, EgressProxy } from '../upstream/egress.js'
-import { foldedPrefix, foldSegment } from '../client/guard.js'
+import { foldedPrefix, foldSegment, hostName } from './names.js'
 import type { Route, RouteName } from './route.js'
-import { Secret } from '../credentials/secret.js'
+import { Secret } from './secret.js'
+
+/** The egress proxies from HTTPS_PROXY / HTTP_PROXY / NO_PROXY; src/upstream/egress.ts decides per origin. */
+export interface EgressProxy {
+  /** The variable it was read from: https_proxy, HTTPS_PROXY, http_proxy or HTTP_PROXY. */
+  readonly variable: string
+  /** scheme://host:port, what logs and error messages name: never credentials. */
+  readonly address: string
+  /** For display: the URL with its password replaced by "[redacted]". */
+  readonly url: string
+  /** `Basic …` from the URL's user:password, sent to the proxy as Proxy-Authorization. */
+  readonly authorization?: Secret
+}
+
+export interface Egress {
+  /** For http:// upstreams. */
+  readonly http?: EgressProxy
+  /** For https:// upstreams. */
+  readonly https?: EgressProxy
+  /** NO_PROXY entries, lowercased. */
+  readonly noProxy: readonly string[]
+}
 
 export interface CredentialSource {
   readonly file?: string

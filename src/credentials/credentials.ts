@@ -4,7 +4,7 @@
 import type { KeyObject } from 'node:crypto'
 import { readBoundedFile, type FileRefusal } from './bounded-file.js'
 import type { Config, CredentialSource } from '../config/config.js'
-import type { Secret } from './secret.js'
+import type { Secret } from '../config/secret.js'
 import { HeaderMinter, secretKey, type TokenEncoding } from '../token/token.js'
 
 export type PairResult =

@@ -1,6 +1,6 @@
 import { LogController, type FastifyReply, type FastifyRequest } from 'fastify'
 import { hasErrorCode } from '../upstream/error-codes.js'
-import { responseFailure } from '../proxy/response.js'
+import { responseFailure } from '../client/response.js'
 
 /** Per-request counters and histograms; ProxyMetrics implements it. */
 export interface RequestObserver {

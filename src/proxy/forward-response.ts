@@ -9,7 +9,7 @@ import type { RefusalStatus } from './auth-refusals.js'
 import type { RouteName } from '../config/config.js'
 import { errorCodes, hasErrorCode } from '../upstream/error-codes.js'
 import { sendError } from './errors.js'
-import { failResponse, responseFailure } from './response.js'
+import { failResponse, responseFailure } from '../client/response.js'
 import { BODY_TOO_LARGE } from './route-admission.js'
 import type { Upstreams } from '../upstream/upstream.js'
 

@@ -15,7 +15,7 @@ import { classifyUpstreamError, type ProxyMetrics } from '../observability/metri
 import { proxyPlugin, type ProxyObserver } from './proxy.js'
 import { ALLOW, requestGuard, type Refusal } from '../client/request-guard.js'
 import { RequestLog, type RequestObserver } from '../observability/request-log.js'
-import { GuardedResponse } from './response.js'
+import { GuardedResponse } from '../client/response.js'
 import type { MintingClock } from '../token/token.js'
 import { readUpstreamClocks, UpstreamClock, type ClockThresholds } from '../upstream/upstream-clock.js'
 import { Upstreams } from '../upstream/upstream.js'

@@ -2,27 +2,9 @@
 // upstream origin. The origins are fixed by configuration, so this is decided
 // once per origin at start, never per request.
 import { BlockList, isIP } from 'node:net'
-import type { Secret } from '../credentials/secret.js'
+import type { Egress, EgressProxy } from '../config/config-values.js'
 
-export interface EgressProxy {
-  /** The variable it was read from: https_proxy, HTTPS_PROXY, http_proxy or HTTP_PROXY. */
-  readonly variable: string
-  /** scheme://host:port, what logs and error messages name: never credentials. */
-  readonly address: string
-  /** For display: the URL with its password replaced by "[redacted]". */
-  readonly url: string
-  /** `Basic …` from the URL's user:password, sent to the proxy as Proxy-Authorization. */
-  readonly authorization?: Secret
-}
-
-export interface Egress {
-  /** For http:// upstreams. */
-  readonly http?: EgressProxy
-  /** For https:// upstreams. */
-  readonly https?: EgressProxy
-  /** NO_PROXY entries, lowercased. */
-  readonly noProxy: readonly string[]
-}
+export type { Egress, EgressProxy }
 
 /** The proxy an upstream origin is reached through; undefined = directly. */
 export function egressProxyFor (egress: Egress, origin: string): EgressProxy | undefined {

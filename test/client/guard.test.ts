@@ -1,6 +1,7 @@
 // The guard's pure decisions; the attacks through a real proxy are in test/security/.
 import t from 'tap'
-import { browserPolicy, fromWebPage, hostName, hostProblem, isLoopbackAddress, isLoopbackName, originProblem } from '../../src/client/browser-checks.js'
+import { browserPolicy, fromWebPage, hostProblem, isLoopbackAddress, isLoopbackName, originProblem } from '../../src/client/browser-checks.js'
+import { hostName } from '../../src/config/names.js'
 import { allowList, hasRequiredHeader, peerAllowed, prefixLookalike, routeFor, targetProblem } from '../../src/client/guard.js'
 import { testConfig } from '../support/helpers.js'
 
