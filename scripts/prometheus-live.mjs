@@ -11,6 +11,9 @@
 //   reload-failing    files emptied after a good first read  → CredentialReloadFailing (the pair in force signs on)
 //   slow-upstream     an upstream answering after 3 s        → UpstreamLatencyHigh
 //   skewed-clock      an upstream whose Date is 2 min behind → ClockSkew
+//   draining          SIGTERM with a long COS_SHUTDOWN_DELAY_MS: readiness 503,
+//                     requests still served                  → NotReady only (with the
+//                     chart's `for:`, a drain that ends in time raises nothing)
 //
 // RULES.yaml is the PrometheusRule's spec.groups as scripts/ci-packaging.sh
 // renders them from ci/alerts-values.yaml (selector namespace="shop": the
@@ -43,6 +46,7 @@ const EXPECTED = {
   'reload-failing': ['CosAuthProxyCredentialReloadFailing'],
   'slow-upstream': ['CosAuthProxyUpstreamLatencyHigh'],
   'skewed-clock': ['CosAuthProxyClockSkew'],
+  draining: ['CosAuthProxyNotReady'],
 }
 
 const SIGNED = /^cos_auth_proxy_upstream_clock_skew_seconds\{[^}]*\}$/
@@ -108,7 +112,7 @@ function startProxy (name, env) {
       if (m === null) return
       listening = true
       const line = JSON.parse(m[0])
-      resolve({ name, port: line.port, admin: line.admin.port })
+      resolve({ name, port: line.port, admin: line.admin.port, child })
     })
     child.once('exit', code => reject(new Error(`${name}: the proxy exited (${code}) before listening`)))
   })
@@ -149,7 +153,10 @@ async function main () {
     startProxy('reload-failing', { COS_API_URL: ok, ...files(breaking) }),
     startProxy('slow-upstream', { COS_API_URL: await upstream(200, { delayMs: 3000 }), COS_UPSTREAM_TIMEOUT_MS: '10000', ...files(creds) }),
     startProxy('skewed-clock', { COS_API_URL: await upstream(200, { dateOffsetS: -120 }), ...files(creds) }),
+    // Its drain outlasts the check: readiness stays 503 while it keeps serving and exporting.
+    startProxy('draining', { COS_API_URL: ok, COS_SHUTDOWN_DELAY_MS: '120000', ...files(creds) }),
   ])
+  proxies.find(p => p.name === 'draining')?.child.kill('SIGTERM')
   // Emptied before the first scrape: every read Prometheus sees is rejected, the pair read at start stays in force.
   writeFileSync(join(breaking, 'access-key'), ''); writeFileSync(join(breaking, 'secret'), '')
 
