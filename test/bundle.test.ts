@@ -95,6 +95,8 @@ t.test('npm start runs what the image runs: the same file, the same Node flags, 
   t.notMatch(image.copies.join('\n'), /node_modules/, 'and no node_modules')
   // What npm start cannot set without a wrapper; the README asks for it.
   t.equal(image.env.MALLOC_ARENA_MAX, '2', 'the image limits malloc arenas')
+  t.equal(image.env.MALLOC_MMAP_THRESHOLD_, '32768', 'the image has glibc return blocks of 32 KiB and more (V8\'s compiler zones) on free')
+  t.match(readFileSync(join(ROOT, 'README.md'), 'utf8'), /MALLOC_MMAP_THRESHOLD_=32768/, 'the README says to set it for npm start')
   t.match(readFileSync(join(ROOT, 'README.md'), 'utf8'), /MALLOC_ARENA_MAX=2/, 'the README says to set it for npm start')
 })
 
