@@ -182,26 +182,12 @@ function registerProcessExporters (registry: Registry, n: Scalars): void {
     registers,
     collect () { this.reset(); this.inc(n.tokensMinted) },
   })
-  new Counter({
-    name: `${PREFIX}credential_reloads_total`,
-    help: 'Reads of the access key pair, by result: applied (new pair in use), unchanged, rejected (invalid; the previous pair stays).',
-    labelNames: ['result'] as const,
-    registers,
-    collect () {
-      this.reset()
-      for (const result of RELOAD_RESULTS) this.inc({ result }, n.reloads[result])
-    },
-  })
-  new Counter({
-    name: `${PREFIX}credential_reads_refused_total`,
-    help: 'Reads of the credential files refused unread, by reason: not_a_regular_file (a FIFO, directory or device at the path), too_large, read_timeout (the read did not end in time). Each is also a rejected reload; the pair in force stays.',
-    labelNames: ['reason'] as const,
-    registers,
-    collect () {
-      this.reset()
-      for (const reason of CREDENTIAL_REFUSALS) this.inc({ reason }, n.refusals[reason])
-    },
-  })
+  registerFixedSetCounter(registry, `${PREFIX}credential_reloads_total`,
+    'Reads of the access key pair, by result: applied (new pair in use), unchanged, rejected (invalid; the previous pair stays).',
+    'result', RELOAD_RESULTS, n.reloads)
+  registerFixedSetCounter(registry, `${PREFIX}credential_reads_refused_total`,
+    'Reads of the credential files refused unread, by reason: not_a_regular_file (a FIFO, directory or device at the path), too_large, read_timeout (the read did not end in time). Each is also a rejected reload; the pair in force stays.',
+    'reason', CREDENTIAL_REFUSALS, n.refusals)
   new Gauge({
     name: `${PREFIX}credential_last_reload_timestamp_seconds`,
     help: 'Unix time of the last good read of the access key pair (applied or unchanged); 0 before the first.',
@@ -222,5 +208,19 @@ function registerProcessExporters (registry: Registry, n: Scalars): void {
     help: 'Requests received and not yet answered.',
     registers,
     collect () { this.set(n.inFlight) },
+  })
+}
+
+/** A counter over a small fixed set of label values, every one exported (zeros included, for dashboards). */
+function registerFixedSetCounter<V extends string> (registry: Registry, name: string, help: string, label: string, values: readonly V[], counts: Readonly<Record<V, number>>): void {
+  new Counter({
+    name,
+    help,
+    labelNames: [label],
+    registers: [registry],
+    collect () {
+      this.reset()
+      for (const value of values) this.inc({ [label]: value }, counts[value])
+    },
   })
 }

@@ -72,16 +72,9 @@ export function registerRouteExporters (registry: Registry, cells: readonly Rout
       }
     },
   })
-  new Counter({
-    name: `${PREFIX}requests_aborted_total`,
-    help: 'Requests whose connection closed before the response finished (the client went away, or the proxy cut a failed stream or, at the shutdown timeout, everything), by route name. Also counted in requests_total, with status 499 when no response had started.',
-    labelNames: ['route'] as const,
-    registers,
-    collect () {
-      this.reset()
-      for (const c of cells) if (c.aborted > 0) this.inc({ route: c.route }, c.aborted)
-    },
-  })
+  registerRouteCounter(registry, `${PREFIX}requests_aborted_total`,
+    'Requests whose connection closed before the response finished (the client went away, or the proxy cut a failed stream or, at the shutdown timeout, everything), by route name. Also counted in requests_total, with status 499 when no response had started.',
+    cells, c => c.aborted)
   registerHistogram(registry, `${PREFIX}request_duration_seconds`, 'Time from request received to response finished, by route name.', cells, c => c.total)
   registerHistogram(registry, `${PREFIX}upstream_duration_seconds`, 'Time from sending the request upstream to the upstream\'s response headers, by route name.', cells, c => c.upstream)
   registerHistogram(registry, `${PREFIX}added_duration_seconds`,
@@ -118,14 +111,24 @@ export function registerRouteExporters (registry: Registry, cells: readonly Rout
       for (const c of cells) for (const reason of RETRY_REASONS) if (c.retries[reason] > 0) this.inc({ route: c.route, reason }, c.retries[reason])
     },
   })
+  registerRouteCounter(registry, `${PREFIX}response_failures_total`,
+    'Responses that could not be written (Node refused their head): their connection was closed instead, by route name.',
+    cells, c => c.responseFailures)
+}
+
+/** A counter with one series per route that has counted anything. */
+function registerRouteCounter (registry: Registry, name: string, help: string, cells: readonly RouteCells[], read: (c: RouteCells) => number): void {
   new Counter({
-    name: `${PREFIX}response_failures_total`,
-    help: 'Responses that could not be written (Node refused their head): their connection was closed instead, by route name.',
+    name,
+    help,
     labelNames: ['route'] as const,
-    registers,
+    registers: [registry],
     collect () {
       this.reset()
-      for (const c of cells) if (c.responseFailures > 0) this.inc({ route: c.route }, c.responseFailures)
+      for (const c of cells) {
+        const n = read(c)
+        if (n > 0) this.inc({ route: c.route }, n)
+      }
     },
   })
 }
