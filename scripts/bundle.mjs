@@ -19,35 +19,6 @@ import { fileURLToPath, pathToFileURL } from 'node:url'
 const root = fileURLToPath(new URL('..', import.meta.url))
 export const BUNDLE = join(root, 'dist', 'cos-auth-proxy.mjs')
 const NOTICES = join(root, 'dist', 'cos-auth-proxy.licenses.txt')
-const BUILD_URL = join(root, 'src', 'patches', 'reply-from-build-url.ts')
-
-/**
- * src/patches/reply-from-build-url.ts's buildURL, put into reply-from's lib/utils.js
- * at build time: the bundle has no node_modules and no require cache for
- * src/patches/reply-from-patch.ts to patch at run time, so that module is left out.
- */
-function replyFromBuildUrl () {
-  let patched = 0
-  return {
-    name: 'reply-from-build-url',
-    setup (b) {
-      b.onResolve({ filter: /\/reply-from-patch\.js$/ }, () => ({ path: 'reply-from-patch', namespace: 'patched-at-build-time' }))
-      b.onLoad({ filter: /.*/, namespace: 'patched-at-build-time' }, () => ({ contents: '', loader: 'js' }))
-      b.onLoad({ filter: /[\\/]@fastify[\\/]reply-from[\\/]lib[\\/]utils\.js$/ }, args => {
-        const wanted = /PATCHED_REPLY_FROM = '([^']+)'/.exec(readFileSync(BUILD_URL, 'utf8'))?.[1]
-        const { version } = JSON.parse(readFileSync(join(dirname(args.path), '..', 'package.json'), 'utf8'))
-        if (version !== wanted) throw new Error(`@fastify/reply-from is ${version}; src/patches/reply-from-build-url.ts replaces the buildURL of ${wanted}`)
-        patched++
-        const source = readFileSync(args.path, 'utf8')
-        return { contents: `${source}\nmodule.exports.buildURL = require(${JSON.stringify(BUILD_URL)}).buildURL\n`, loader: 'js' }
-      })
-      b.onEnd(result => {
-        if (result.errors.length === 0 && patched !== 1) throw new Error(`reply-from's lib/utils.js was patched ${patched} times, not once`)
-      })
-    },
-  }
-}
-
 /**
  * The schema src/config/config.ts hands env-schema, captured by running its
  * loadConfig against a stand-in env-schema (bundled on its own into a
@@ -337,7 +308,7 @@ const result = await build({
   logLevel: 'warning',
   // The CommonJS dependencies require() node's built-ins; an ES module has no require of its own.
   banner: { js: "import{createRequire as __cosCreateRequire}from'node:module';const require=__cosCreateRequire(import.meta.url);" },
-  plugins: [replyFromBuildUrl(), configValidatorAtBuildTime(), schemaCompilersOnFirstUse(), undiciPartsOnFirstUse(), wsOnFirstUse(), httpProxyDestinationShortcut()],
+  plugins: [configValidatorAtBuildTime(), schemaCompilersOnFirstUse(), undiciPartsOnFirstUse(), wsOnFirstUse(), httpProxyDestinationShortcut()],
 })
 writeFileSync(NOTICES, notices(result.metafile.inputs))
 const bytes = result.metafile.outputs[relative(root, BUNDLE)]?.bytes ?? 0

@@ -3,7 +3,7 @@ import { ServerResponse, type IncomingMessage, type OutgoingHttpHeader, type Out
 
 type HeadFields = OutgoingHttpHeaders | OutgoingHttpHeader[]
 
-/** Any response (reply-from's hooks are typed for HTTP/2 as well). */
+/** Any response with destroy(): Node's, or a Fastify reply's raw one. */
 interface Response { destroy: () => unknown }
 interface MaybeFailed { writeFailure?: Error }
 

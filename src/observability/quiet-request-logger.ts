@@ -1,7 +1,6 @@
-// The per-request loggers of the proxied routes. reply-from logs every failed
-// upstream request itself, at warn ('response errored', the same for a client
-// that hung up), and Fastify a stream cut after its head: the proxy writes one
-// line of its own per outcome instead (`request failed` in forward-response.ts
+// The per-request loggers of the proxied routes. Fastify logs a stream cut
+// after its head (at warn, the same for a client that hung up): the proxy
+// writes one line of its own per outcome instead (`request failed` in forward-response.ts
 // and request-log.ts, the request line). So these loggers pass only `error`
 // and above, and the request line goes through the server's logger.
 //

@@ -1,6 +1,6 @@
 import type { FastifyReply, RawServerBase, RouteGenericInterface } from 'fastify'
 
-// Any server flavour: reply-from hooks are typed for HTTP/1 and HTTP/2 alike.
+// Any server flavour (the proxy's, the admin listener's, the webhook's HTTPS one).
 type AnyReply = FastifyReply<RouteGenericInterface, RawServerBase>
 
 export interface ErrorBody {

@@ -1,22 +1,25 @@
 // A routed request, in order: admitted on its route (route-admission.ts),
-// its body limited as it streams, signed (upstream-headers.ts), forwarded
-// over the route's undici Pool (upstream.ts) and retried only when safe
-// (retry.ts), its answer forwarded or its failure answered
-// (forward-response.ts). One @fastify/http-proxy registration per route.
-import type { FastifyInstance } from 'fastify'
-// Before @fastify/http-proxy, which loads reply-from: see the module.
-import '../patches/reply-from-patch.js'
+// its body limited as it streams, its headers rewritten
+// (upstream-headers.ts), then signed, forwarded over the route's undici
+// dispatcher (upstream.ts), retried only when safe (retry.ts) and its answer
+// forwarded (upstream-exchange.ts) or its failure answered
+// (forward-response.ts). One @fastify/http-proxy registration per route:
+// http-proxy routes, rewrites the prefix and checks the destination, then
+// hands it to the exchange (its `handler` option) instead of reply-from.
+import type { IncomingHttpHeaders } from 'node:http'
+import { Readable } from 'node:stream'
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import httpProxy, { type FastifyHttpProxyOptions } from '@fastify/http-proxy'
-import type { FastifyReplyFromHooks } from '@fastify/reply-from'
 import type { RefusalStatus } from './auth-refusals.js'
 import { quietRequestLogs } from '../observability/quiet-request-logger.js'
 import type { Route, RouteName } from '../config/config.js'
 import type { CredentialStore } from '../credentials/credentials.js'
-import { answerFailedUpstreamBodies, answerUpstreamFailure, forwardUpstreamResponse } from './forward-response.js'
-import { retryPolicy } from './retry.js'
+import { answerFailedUpstreamBodies, answerUpstreamFailure } from './forward-response.js'
 import { admitToRoute, limitBodyTo } from './route-admission.js'
 import type { UpstreamClock } from '../upstream/upstream-clock.js'
-import { forwardedResponseHeaders, signedRequestHeaders } from './upstream-headers.js'
+import { UpstreamExchange, type ExchangeRoute } from './upstream-exchange.js'
+import { upstreamRequestHeaders } from './upstream-headers.js'
+import { upstreamPath } from '../upstream/upstream-path.js'
 import type { Upstreams } from '../upstream/upstream.js'
 
 declare module 'fastify' {
@@ -74,46 +77,53 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
   quietRequestLogs(fastify)
   fastify.addHook('onRequest', admitToRoute(opts.routes, opts.credentials))
   const limitBody = maxBodyBytes > 0 ? limitBodyTo(maxBodyBytes) : undefined
-  const onError = answerUpstreamFailure({ upstreams, observer: opts.observer, maxBodyBytes })
-  answerFailedUpstreamBodies(fastify, onError)
-  const replyOptions: FastifyReplyFromHooks = {
-    rewriteRequestHeaders: signedRequestHeaders(opts),
-    rewriteHeaders: forwardedResponseHeaders(opts.clock),
-    onError,
-    onResponse: forwardUpstreamResponse(onError, opts.authRefused, opts.observer),
-  }
-  const retryDelayFor = retryPolicy(opts)
+  const fail = answerUpstreamFailure({ upstreams, observer: opts.observer, maxBodyBytes })
+  answerFailedUpstreamBodies(fastify, fail)
   for (const route of opts.routes) {
-    await fastify.register(httpProxy, routeOptions(route, upstreams, limitBody, {
-      ...replyOptions,
-      // Replaces reply-from's default, which retries a GET that got 503
-      // up to 10 times with the same token.
-      retryDelay: retryDelayFor(route.name),
-    }))
+    const exchange: ExchangeRoute = {
+      name: route.name,
+      origin: route.origin,
+      dispatcher: upstreams.dispatcherFor(route.origin),
+      credentials: opts.credentials,
+      observer: opts.observer,
+      resyncCredentials: opts.resyncCredentials,
+      clock: opts.clock,
+      authRefused: opts.authRefused,
+      fail,
+    }
+    await fastify.register(httpProxy, routeOptions(route, limitBody, forwardTo(exchange, opts.dropHeader)))
+  }
+}
+
+type Forward = (request: FastifyRequest, reply: FastifyReply, dest: string) => void
+
+/** http-proxy's handler for one route: the checked destination goes upstream through an exchange. */
+function forwardTo (route: ExchangeRoute, dropHeader: string | undefined): Forward {
+  const host = new URL(route.origin).host
+  return (request, reply, dest) => {
+    const headers: IncomingHttpHeaders = upstreamRequestHeaders(request.headers, host, request.id, dropHeader)
+    // http-proxy's pass-through parser: the client's stream (or BodyLimit's), never a parsed value.
+    const body = request.body instanceof Readable ? request.body : null
+    // For a bare prefix with a query (`/management?q=1`) and no upstream base
+    // path, http-proxy computes an empty destination.
+    const path = upstreamPath(dest === '' ? '/' : dest, route.origin, request.raw.url ?? '/')
+    new UpstreamExchange(route, request, reply, { origin: route.origin, path, method: request.method, headers, body }).start()
   }
 }
 
 /** One route's @fastify/http-proxy registration. */
-function routeOptions (route: Route, upstreams: Upstreams, limitBody: PreHandler | undefined, replyOptions: FastifyReplyFromHooks): FastifyHttpProxyOptions & { websocket: false } {
+function routeOptions (route: Route, limitBody: PreHandler | undefined, handler: Forward): FastifyHttpProxyOptions & { websocket: false } {
   return {
     upstream: route.origin,
     // The catch-all is registered at '/', which http-proxy strips like any
     // prefix, so its rewrite keeps the '/' that separates base and path.
     prefix: route.prefix === '' ? '/' : route.prefix,
     rewritePrefix: route.prefix === '' ? route.basePath + '/' : route.basePath === '' ? '/' : route.basePath,
-    undici: upstreams.dispatcherFor(route.origin),
     websocket: false,
     disableRequestLogging: true,
-    // Responses pass through unchanged, Location included.
-    internalRewriteLocationHeader: false,
     config: { routeName: route.name, allowedMethods: route.allowedMethods },
     ...(limitBody === undefined ? {} : { preHandler: limitBody }),
-    // For a bare prefix with a query (`/management?q=1`) and no upstream base
-    // path, http-proxy computes an empty destination, and reply-from reads
-    // an empty one as "the original URL": the prefix would not be stripped.
-    // Nothing is returned: the reply is a thenable, and Fastify would hang
-    // a promise and end-of-stream listeners on every response to await it.
-    handler: (_request, reply, dest, options) => { reply.from(dest === '' ? '/' : dest, options) },
-    replyOptions,
+    // Nothing is returned: Fastify would otherwise wait on whatever comes back.
+    handler: (request, reply, dest) => { handler(request, reply, dest) },
   }
 }

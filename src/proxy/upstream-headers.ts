@@ -1,12 +1,7 @@
-// Step three and five: the request's headers on the way up (hop-by-hop and
-// the client's own credentials out, a freshly minted token in) and the
-// response's on the way down (hop-by-hop out, the upstream's clock read).
+// The request's headers on the way up (hop-by-hop and the client's own
+// credentials out; the token is set by the exchange, freshly minted for each
+// attempt) and the response's on the way down (hop-by-hop out).
 import type { IncomingHttpHeaders } from 'node:http'
-import { performance } from 'node:perf_hooks'
-import type { FastifyReplyFromHooks } from '@fastify/reply-from'
-import type { CredentialStore } from '../credentials/credentials.js'
-import type { UpstreamClock } from '../upstream/upstream-clock.js'
-import { abortWhenClientGone } from '../upstream/client-gone.js'
 
 // Hop-by-hop (RFC 9110 §7.6.1; HTTP2-Settings of an h2c upgrade, RFC 7540
 // §3.2.1, even when Connection does not name it) plus the client's own
@@ -14,11 +9,12 @@ import { abortWhenClientGone } from '../upstream/client-gone.js'
 // and undici refuses it. Forwarding headers are whatever the client chose to
 // write: an upstream that audits or filters on them would take them as the
 // truth, and it sees the proxy's own address anyway. Nothing sets them
-// instead (neither reply-from nor http-proxy adds any). Those present are set
-// to undefined rather than deleted (undici skips undefined values and the
-// object keeps its fast shape); absent ones are not touched, so the object
-// does not grow keys that reply-from then copies.
+// instead. Those present are set to undefined rather than deleted (undici
+// skips undefined values and the object keeps its fast shape); absent ones
+// are not touched. undici refuses `connection`, `keep-alive`, `upgrade`,
+// `transfer-encoding` and `expect` outright (it frames the body itself).
 const DROP_REQUEST = [
+  'connection', 'transfer-encoding',
   'authorization', 'proxy-authorization', 'proxy-connection', 'keep-alive', 'te', 'trailer', 'upgrade', 'http2-settings', 'expect',
   'forwarded', 'x-forwarded-for', 'x-forwarded-host', 'x-forwarded-proto', 'x-forwarded-port', 'x-forwarded-prefix', 'x-real-ip',
 ] as const
@@ -38,48 +34,42 @@ function namesOtherHeaders (value: string | string[]): boolean {
   return v !== 'keep-alive' && v !== 'close'
 }
 
-export interface SigningOptions {
-  readonly credentials: CredentialStore
-  readonly observer?: { readonly tokenMinted: () => void } | undefined
-  /** A header only for the proxy (COS_REQUIRE_HEADER): never forwarded. */
-  readonly dropHeader?: string | undefined
+// What Node will not write in a header value (its checkInvalidHeaderChar):
+// dropped from the upstream's values, as @fastify/http-proxy's sanitizer did,
+// so such an answer is still forwarded.
+const INVALID_VALUE_CHARS = /[^\t\x20-\x7E\x80-\xFF]/
+const INVALID_VALUE_CHARS_G = /[^\t\x20-\x7E\x80-\xFF]/g
+
+function sanitized (value: string): string {
+  return INVALID_VALUE_CHARS.test(value) ? value.replace(INVALID_VALUE_CHARS_G, '') : value
 }
 
-/** reply-from's rewriteRequestHeaders: the request leaves signed, and its departure is timed. */
-export function signedRequestHeaders ({ credentials, observer, dropHeader }: SigningOptions): NonNullable<FastifyReplyFromHooks['rewriteRequestHeaders']> {
-  return (request, headers) => {
-    const h = headers as IncomingHttpHeaders // HTTP/1 only: the proxy listens on plain HTTP/1.1
-    // `Connection` and the headers it names are already gone: reply-from strips
-    // them before calling this hook.
-    for (const name of DROP_REQUEST) if (h[name] !== undefined) h[name] = undefined
-    if (dropHeader !== undefined && h[dropHeader] !== undefined) h[dropHeader] = undefined
-    // admitToRoute (onRequest) saw a pair; read it again so a swap in between is honoured.
-    h.authorization = credentials.current?.next()
-    observer?.tokenMinted()
-    h['x-request-id'] = request.id
-    abortWhenClientGone(h, request.raw.socket)
-    request.upstreamStart = performance.now()
-    return h
-  }
+/**
+ * The client's headers as they leave for the upstream: a copy without
+ * hop-by-hop headers (RFC 9110 §7.6.1, and whatever the client's Connection
+ * names, taken out before anything is added so that a client cannot strip
+ * what the proxy sets), without the client's own credentials or the
+ * proxy-only header, with the upstream's Host and the request id. The
+ * Authorization header is the exchange's to set, per attempt.
+ */
+export function upstreamRequestHeaders (clientHeaders: IncomingHttpHeaders, host: string, requestId: string, dropHeader: string | undefined): IncomingHttpHeaders {
+  const h: IncomingHttpHeaders = { ...clientHeaders }
+  const connection = h.connection
+  if (connection !== undefined && namesOtherHeaders(connection)) for (const name of connectionTokens(connection)) h[name] = undefined
+  for (const name of DROP_REQUEST) if (h[name] !== undefined) h[name] = undefined
+  if (dropHeader !== undefined && h[dropHeader] !== undefined) h[dropHeader] = undefined
+  h.host = host
+  h['x-request-id'] = requestId
+  return h
 }
 
-/** reply-from's rewriteHeaders: the upstream's answer, timed, its clock read, hop-by-hop headers dropped. */
-export function forwardedResponseHeaders (clock: UpstreamClock | undefined): NonNullable<FastifyReplyFromHooks['rewriteHeaders']> {
-  return (headers, request) => {
-    const now = performance.now()
-    if (request !== undefined) request.upstreamMs = now - request.upstreamStart
-    const h = headers as IncomingHttpHeaders
-    clock?.observe(h, now)
-    // A new object rather than deletes: reply-from copies every key it finds
-    // (so undefined will not do), and a delete drops the object to a slow
-    // dictionary shape (measured: a copy of the usual five headers is ~5×
-    // cheaper than deleting two of them).
-    const connection = h.connection
-    const named = connection !== undefined && namesOtherHeaders(connection) ? connectionTokens(connection) : undefined
-    const kept: IncomingHttpHeaders = {}
-    for (const name in h) {
-      if (!DROP_RESPONSE.has(name) && named?.includes(name) !== true) kept[name] = h[name]
-    }
-    return kept
+/** Calls `set` with each header of the upstream's answer that goes on to the client: hop-by-hop ones dropped, values Node would refuse cleaned. */
+export function forEachForwardedHeader (headers: IncomingHttpHeaders, set: (name: string, value: string | string[]) => void): void {
+  const connection = headers.connection
+  const named = connection !== undefined && namesOtherHeaders(connection) ? connectionTokens(connection) : undefined
+  for (const name in headers) {
+    const value = headers[name]
+    if (value === undefined || DROP_RESPONSE.has(name) || named?.includes(name) === true) continue
+    set(name, typeof value === 'string' ? sanitized(value) : value.map(sanitized))
   }
 }

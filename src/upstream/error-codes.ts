@@ -2,10 +2,10 @@
 // gets (forward-response.ts, retry.ts) and the kind the metrics count (upstream-error-kinds.ts).
 
 /**
- * The `code`s along an error's cause chain, outside in: @fastify/reply-from
- * wraps undici's error (FST_REPLY_FROM_INTERNAL_SERVER_ERROR with the
- * ECONNREFUSED as its cause), and an AggregateError (happy eyeballs over
- * several addresses) is read through its first error. At most five deep.
+ * The `code`s along an error's cause chain, outside in (a wrapping error
+ * names what it wraps as its cause), and an AggregateError
+ * (happy eyeballs over several addresses) read through its first error.
+ * At most five deep.
  */
 export function * errorCodes (err: unknown): Generator<string, void, undefined> {
   let e = err

@@ -16,9 +16,6 @@ const CODE_KINDS: ReadonlyMap<string, UpstreamErrorKind> = new Map<string, Upstr
   ['UND_ERR_CONNECT_TIMEOUT', 'timeout'],
   ['UND_ERR_HEADERS_TIMEOUT', 'timeout'],
   ['UND_ERR_BODY_TIMEOUT', 'timeout'],
-  ['FST_REPLY_FROM_GATEWAY_TIMEOUT', 'timeout'],
-  ['FST_REPLY_FROM_TIMEOUT', 'timeout'],
-  ['FST_REPLY_FROM_HTTP_REQUEST_TIMEOUT', 'timeout'],
   ['ENOTFOUND', 'dns'],
   ['EAI_AGAIN', 'dns'],
   ['EAI_FAIL', 'dns'],
@@ -39,7 +36,7 @@ function kindOfCode (code: string): UpstreamErrorKind | undefined {
   return CODE_KINDS.get(code) ?? (TLS_PREFIXES.some(p => code.startsWith(p)) ? 'tls' : undefined)
 }
 
-/** Classify an error from undici or @fastify/reply-from: the first code on its chain that means something wins. */
+/** Classify an upstream failure: the first code on its chain that means something wins. */
 export function classifyUpstreamError (err: Error): UpstreamErrorKind {
   for (const code of errorCodes(err)) {
     const kind = kindOfCode(code)

@@ -2,20 +2,16 @@
 // behind a corporate egress proxy, a ProxyAgent: egress-agent.ts), behind a
 // dispatcher whose pool can be replaced when TLS material changes (a rotated
 // CA bundle or client certificate), without a restart and without cutting
-// requests in flight on the old pool. An upstream request is aborted as soon
-// as the client it answers goes away (client-gone.ts).
+// requests in flight on the old pool.
 import { unwatchFile, watchFile, type Stats } from 'node:fs'
 import type { FastifyBaseLogger } from 'fastify'
 import { Dispatcher, Pool } from 'undici'
-import { ABORT_SIGNAL, type SignalledHeaders } from './client-gone.js'
 import type { Config, ConfigError } from '../config/config.js'
 import { EgressAgent, egressProblem } from './egress-agent.js'
 import { egressProxyFor, type Egress, type EgressProxy } from './egress.js'
 import { createPool, readTlsMaterial, type TlsMaterial, type UpstreamOptions } from './upstream-pool.js'
 
-type RequestCallback<T> = (err: Error | null, data: Dispatcher.ResponseData<T>) => void
-
-/** A Dispatcher whose underlying pool can be replaced; @fastify/reply-from sees one stable object. */
+/** A Dispatcher whose underlying pool can be replaced; the proxy's routes see one stable object. */
 export class SwappableDispatcher extends Dispatcher {
   #pool: Dispatcher
   /** Replaced pools still finishing their requests. */
@@ -29,19 +25,6 @@ export class SwappableDispatcher extends Dispatcher {
 
   override dispatch (options: Dispatcher.DispatchOptions, handler: Dispatcher.DispatchHandler): boolean {
     return this.#pool.dispatch(options, handler)
-  }
-
-  // The signal marked on the headers (abortWhenClientGone) goes in here: undici
-  // reads `signal` when request() builds its handler, before dispatch. It is
-  // set on the options themselves, which reply-from builds afresh for each
-  // attempt (lib/request.js); `{ ...options, signal }` would cost ~2 µs on
-  // Node 20 (a spread plus a key leaves V8's fast path).
-  override request<T = null> (options: Dispatcher.RequestOptions<T>, callback: RequestCallback<T>): void
-  override request<T = null> (options: Dispatcher.RequestOptions<T>): Promise<Dispatcher.ResponseData<T>>
-  override request<T = null> (options: Dispatcher.RequestOptions<T>, callback?: RequestCallback<T>): void | Promise<Dispatcher.ResponseData<T>> {
-    const signal = (options.headers as Partial<SignalledHeaders> | null | undefined)?.[ABORT_SIGNAL]
-    if (signal !== undefined) options.signal = signal
-    return callback === undefined ? super.request(options) : super.request(options, callback)
   }
 
   /** The pool's counters; undefined behind an egress proxy (a ProxyAgent keeps its pools to itself). */

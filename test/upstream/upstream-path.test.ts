@@ -1,18 +1,14 @@
-// Path segments that merely contain dots (`..x`, `x..`, `...`, `.well-known`)
-// are names, forwarded byte for byte; real dot-segments (`.`, `..`, encoded)
-// stay refused by the guard. @fastify/reply-from refused the former with a
-// substring check; src/patches/reply-from-build-url.ts replaces it (test/bundle.test.ts
-// checks the same in the bundle that ships), and the last test here
-// pins the dependency that replacement was written against.
-import { createHash } from 'node:crypto'
-import { readFileSync } from 'node:fs'
-import { createRequire } from 'node:module'
+// The path a request takes upstream. Path segments that merely contain dots
+// (`..x`, `x..`, `...`, `.well-known`) are names, forwarded byte for byte;
+// real dot-segments (`.`, `..`, encoded) stay refused by the guard
+// (test/bundle.test.ts checks the same in the bundle that ships). A plain
+// path is taken as it is, anything else as the URL parser reads it
+// (reply-from's buildURL, kept in src/upstream/upstream-path.ts): the property test holds the two to
+// the same answer.
+import fc from 'fast-check'
 import t from 'tap'
-// helpers.js first: it loads the proxy (and so reply-from) as the program
-// does. Were the patch not imported ahead of reply-from there, importing it
-// below would throw and fail this file.
 import { startProxy, startUpstream } from '../support/helpers.js'
-import { PATCHED_REPLY_FROM, buildURL, replyFromPaths } from '../../src/patches/reply-from-patch.js'
+import { buildURL, upstreamPath } from '../../src/upstream/upstream-path.js'
 import { DOT_SEGMENTS, DOTTED_NAMES } from '../support/dotted-paths.js'
 import { errorOf, get, rawRequest } from '../support/raw.js'
 
@@ -40,7 +36,7 @@ t.test('real dot-segments stay refused by the guard, raw or encoded, and reach n
   t.equal(up.received.length, 0, 'nothing forwarded')
 })
 
-t.test('the replaced buildURL refuses a ".." segment itself, and keeps reply-from\'s other checks', async t => {
+t.test('buildURL refuses a ".." segment itself, and keeps reply-from\'s other checks', async t => {
   const base = 'http://127.0.0.1:1' // as @fastify/http-proxy calls it: the upstream's origin
   for (const source of ['/a/../b', '..', '/a/..', '../a', '/a/%2e%2e/b', '/a/%2E%2E', '/a\\..\\b']) {
     t.throws(() => buildURL(source, base), { message: 'source/request contain invalid characters', statusCode: 400 }, `${source}: refused`)
@@ -52,17 +48,30 @@ t.test('the replaced buildURL refuses a ".." segment itself, and keeps reply-fro
   t.equal(buildURL('/a', [base]).href, 'http://127.0.0.1:1/a', 'a base given as an array')
 })
 
-// If either fails, @fastify/reply-from changed: compare its lib/utils.js
-// buildURL with src/patches/reply-from-build-url.ts, carry its changes over (or drop the
-// patch if it now checks whole segments), then update the version and hash.
-t.test('reply-from is the version the patch was written for, and the patch is in force in it', async t => {
-  const paths = replyFromPaths()
-  const pkg = JSON.parse(readFileSync(paths.packageJson, 'utf8')) as { version: string }
-  t.equal(pkg.version, PATCHED_REPLY_FROM, '@fastify/reply-from version')
-  const utilsSource = readFileSync(paths.utils, 'utf8')
-  t.equal(createHash('sha256').update(utilsSource).digest('hex'), '6df0f98ea45428dcf9487119793ea39fff5f82cb4f19e953a84b7e2f11b0e739', 'lib/utils.js is the one the patch copies buildURL from')
-  t.match(readFileSync(paths.index, 'utf8'), /\bbuildURL\s*\} = require\('\.\/lib\/utils'\)/, 'index.js takes buildURL from lib/utils.js at load')
-  const require = createRequire(import.meta.url)
-  t.equal((require(paths.utils) as { buildURL: unknown }).buildURL, buildURL, 'the buildURL reply-from loaded is the replacement')
-  t.ok(require.cache[paths.index] !== undefined, 'reply-from was loaded from the path checked')
+t.test('a plain path is taken as it is only where the URL parser would read it so: 20,000 generated paths', async t => {
+  const origin = 'http://127.0.0.1:8081'
+  const alphabet = fc.constantFrom('a', 'Z', '0', '/', '.', '-', '_', '~', '%', '2', 'e', 'E', '\\', ' ', '"', '#', '<', '>', '`', '{', '}', '|', '^', "'", '!', '$', '&', '(', ')', '*', '+', ',', ';', '=', ':', '@', '[', ']', '\u00e9', '\t')
+  const paths = fc.array(alphabet, { maxLength: 24 }).map(cs => '/' + cs.join(''))
+  const query = fc.constantFrom('', '?', '?a=1', '?a=%2F&b=/x?y')
+  let checked = 0
+  fc.assert(fc.property(paths, query, (dest, q) => {
+    let expected: string
+    try {
+      expected = buildURL(dest, origin).pathname
+    } catch {
+      return true // refused either way: upstreamPath only takes the plain ones without parsing, and those parse
+    }
+    checked++
+    const got = upstreamPath(dest, origin, '/client/path' + q)
+    return got === expected + (q.length > 0 ? q : '')
+  }), { numRuns: 20_000 })
+  t.ok(checked > 10_000, `most generated paths were compared (${checked})`)
+})
+
+t.test('the query goes up as the client sent it; an empty one is kept as the client wrote it', async t => {
+  const origin = 'http://127.0.0.1:8081'
+  t.equal(upstreamPath('/v1/x', origin, '/optimize/x?b=2&a=%20'), '/v1/x?b=2&a=%20')
+  t.equal(upstreamPath('/v1/x', origin, '/optimize/x?'), '/v1/x?')
+  t.equal(upstreamPath('/v1/x', origin, '/optimize/x'), '/v1/x')
+  t.equal(upstreamPath('/v1/a b', origin, '/optimize/a%20b'), '/v1/a%20b', 'not plain: the parser\'s reading')
 })
