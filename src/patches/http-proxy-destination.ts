@@ -28,7 +28,9 @@ const boundaries = new Map<string, string>()
 function boundaryOf (prefix: string): string {
   let boundary = boundaries.get(prefix)
   if (boundary === undefined) {
-    boundary = PLAIN_PREFIX.test(prefix) ? (prefix.endsWith('/') ? prefix : prefix + '/') : ''
+    // '' is what http-proxy makes of a '/' rewrite under the '/' prefix (the
+    // catch-all route): resolved against the upstream, the root.
+    boundary = prefix === '' ? '/' : PLAIN_PREFIX.test(prefix) ? (prefix.endsWith('/') ? prefix : prefix + '/') : ''
     // Bounded: the prefixes are the routes' rewrite prefixes, fixed at start.
     if (boundaries.size < 64) boundaries.set(prefix, boundary)
   }

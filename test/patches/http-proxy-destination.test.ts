@@ -37,6 +37,8 @@ t.test('plain paths under the prefix are answered without parsing; the rest is l
   t.ok(destinationWithinPrefix('/v1/clusters/file.json', '/v1'))
   t.ok(destinationWithinPrefix('/v1', '/v1'))
   t.ok(destinationWithinPrefix('/anything', '/'))
+  t.ok(destinationWithinPrefix('/anything', ''), 'the catch-all route\'s rewrite prefix, as http-proxy computes it')
+  t.notOk(destinationWithinPrefix('//evil.example/x', ''))
   t.notOk(destinationWithinPrefix('/v1', '/v1/'), 'http-proxy refuses this one: left to it')
   t.notOk(destinationWithinPrefix('/v2/x', '/v1/'))
   t.notOk(destinationWithinPrefix('/v1x', '/v1'))
