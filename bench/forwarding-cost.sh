@@ -22,9 +22,9 @@ UP=http://127.0.0.1:$(sed -nE 's/.*"port":([0-9]+).*/\1/p' "$TMP/up.port")
 if [[ $SERVER == proxy ]]; then
   COS_API_URL=$UP COS_ACCESS_KEY=bench-access-key COS_ACCESS_KEY_SECRET=c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0 COS_LISTEN_PORT=18080 COS_ADMIN_PORT=18090 \
   NODE_OPTIONS=--max-old-space-size-percentage=50 MALLOC_ARENA_MAX=2 MALLOC_MMAP_THRESHOLD_=32768 COS_LOG_LEVEL=${LEVEL:-info} \
-    taskset -c 1 "$N" --max-semi-space-size=16 "$ROOT/dist/cos-auth-proxy.mjs" serve < <(sleep 60) > >(cat > /dev/null) & srv=$!; sleep 1.5; PORT=18080
+    taskset -c 1 "$N" --max-semi-space-size=16 ${NODE_FLAGS:-} "$ROOT/dist/cos-auth-proxy.mjs" serve < <(sleep 60) > >(cat > /dev/null) & srv=$!; sleep 1.5; PORT=18080
 else
-  BENCH_UPSTREAM=$UP taskset -c 1 "$N" --max-semi-space-size=16 "$SERVER" > "$TMP/srv.port" < <(sleep 60) & srv=$!; sleep 1
+  BENCH_UPSTREAM=$UP taskset -c 1 "$N" --max-semi-space-size=16 ${NODE_FLAGS:-} "$SERVER" > "$TMP/srv.port" < <(sleep 60) & srv=$!; sleep 1
   PORT=$(sed -nE 's/.*"port":([0-9]+).*/\1/p' "$TMP/srv.port")
 fi
 taskset -c 0 npx autocannon -c 32 -d 2 "http://127.0.0.1:$PORT/api/v1/clusters" > /dev/null 2>&1
@@ -33,4 +33,4 @@ out=$(taskset -c 0 npx autocannon -j -c 32 -d 5 "http://127.0.0.1:$PORT/api/v1/c
 t1=$(awk '{print $14+$15}' "/proc/$srv/stat")
 read -r total non2xx < <(echo "$out" | node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>{const j=JSON.parse(s);console.log(j.requests.total, j.non2xx)})')
 echo "$(basename "$SERVER") requests=$total non2xx=$non2xx cpu_ms_per_1k=$(node -e "console.log(((($t1-$t0)*10)/($total/1000)).toFixed(1))")"
-kill "$srv" "$up"; sleep 0.5
+kill "$srv" "$up"; sleep "${NODE_FLAGS:+3}.5"

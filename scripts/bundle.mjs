@@ -291,21 +291,6 @@ function notices (inputs) {
   return parts.join('\n')
 }
 
-// esbuild's __name helper, and the one put in its place (defined in the banner).
-const NAME_HELPER = 'var __name=(target,value)=>__defProp(target,"name",{value,configurable:!0})'
-const CHEAP_NAME = 'const __cosName=(t,v)=>t.name===v?t:Object.defineProperty(t,"name",{value:v,configurable:!0});'
-
-/**
- * Points esbuild's __name at __cosName, which leaves a name that is already
- * right alone. Padded to the same length, so the source map still fits.
- */
-function cheapNames () {
-  const text = readFileSync(BUNDLE, 'utf8')
-  const parts = text.split(NAME_HELPER)
-  if (parts.length !== 2) throw new Error(`esbuild's __name helper was found ${parts.length - 1} times, not once: scripts/bundle.mjs knows another esbuild`)
-  writeFileSync(BUNDLE, parts.join('var __name=__cosName'.padEnd(NAME_HELPER.length, ' ')))
-}
-
 const result = await build({
   entryPoints: [join(root, 'src', 'cli.ts')],
   outfile: BUNDLE,
@@ -315,15 +300,15 @@ const result = await build({
   target: 'node20.19',
   minifyWhitespace: true,
   minifySyntax: true,
+  // Identifiers are kept as written, so class and function names stay (pino
+  // logs an error's constructor name; fastify names plugins after their
+  // functions) without esbuild's keepNames, which wraps every function and
+  // class in a helper that sets its name with Object.defineProperty: also
+  // each closure a request creates (fastify's hooks and reply, undici's
+  // writer), ~3 µs per request. Only names the bundle's one scope makes
+  // collide are renamed (test/bundle.test.ts checks that no error class is).
   minifyIdentifiers: false,
-  // Class and function names stay: pino logs an error's constructor name, and
-  // fastify names plugins after their functions. keepNames wraps every
-  // function and class in esbuild's __name helper, which sets the name with
-  // Object.defineProperty, also on each closure a request creates (fastify's
-  // hooks and reply, undici's writer: five per request, ~3 µs). Identifiers
-  // are kept as written, so the helper can skip the names that are already
-  // right (cheapNames below): all but the few the bundle's one scope renamed.
-  keepNames: true,
+  keepNames: false,
   sourcemap: 'linked',
   // Stack traces need only names and positions; the sources are in the repository.
   sourcesContent: false,
@@ -331,10 +316,9 @@ const result = await build({
   metafile: true,
   logLevel: 'warning',
   // The CommonJS dependencies require() node's built-ins; an ES module has no require of its own.
-  banner: { js: `import{createRequire as __cosCreateRequire}from'node:module';const require=__cosCreateRequire(import.meta.url);${CHEAP_NAME}` },
+  banner: { js: "import{createRequire as __cosCreateRequire}from'node:module';const require=__cosCreateRequire(import.meta.url);" },
   plugins: [configValidatorAtBuildTime(), schemaCompilersOnFirstUse(), undiciPartsOnFirstUse(), wsOnFirstUse(), httpProxyDestinationShortcut()],
 })
-cheapNames()
 writeFileSync(NOTICES, notices(result.metafile.inputs))
 const bytes = result.metafile.outputs[relative(root, BUNDLE)]?.bytes ?? 0
 process.stdout.write(`${relative(root, BUNDLE)}: ${(bytes / 1024).toFixed(0)} KiB, ${Object.keys(result.metafile.inputs).length} source files\n`)

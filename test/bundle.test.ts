@@ -23,7 +23,7 @@ function tempDir (t: Test, prefix: string): string {
   return dir
 }
 
-t.test('the bundle serves on its own, without node_modules, with reply-from\'s buildURL replaced at build time: dotted names forwarded, dot-segments refused', async t => {
+t.test('the bundle serves on its own, without node_modules: dotted names forwarded, dot-segments refused', async t => {
   // A copy under the temporary directory: no node_modules in any parent, as in the image.
   const dir = tempDir(t, 'cos-bundle-')
   const cli = join(dir, 'cos-auth-proxy.mjs')
@@ -44,6 +44,17 @@ t.test('the bundle serves on its own, without node_modules, with reply-from\'s b
     t.equal(errorOf(res.finals[0])?.message, 'dot-segment in path', `${target}: refused by the guard`)
   }
   t.equal(up.received.length, DOTTED_NAMES.length, 'no dot-segment forwarded')
+})
+
+t.test('the classes whose names reach the logs keep them in the bundle (identifiers are not minified, and none of these is renamed)', async t => {
+  const text = readFileSync(CLI, 'utf8')
+  // pino logs an error's constructor name as its `type`; these are the
+  // errors an upstream exchange, the config and the credentials fail with.
+  // In the bundle a class is declared, or assigned to its (lazily
+  // initialised) variable, which names it after the variable.
+  const names = ['UndiciError', 'ConnectTimeoutError', 'HeadersTimeoutError', 'BodyTimeoutError', 'SocketError', 'RequestAbortedError', 'ConfigError', 'GuardedResponse', 'UpstreamExchange']
+  for (const name of names) t.ok(new RegExp(`(?:\\bclass ${name}|[,;{(]${name}=class)\\b`).test(text), `${name} keeps its name`)
+  t.notOk(/\b__name\(/.test(text), 'no keepNames helper: no name is set per closure at run time')
 })
 
 t.test('the bundle\'s config validator, compiled at build time, cannot accept or coerce what env-schema would not: the same configuration and the same refusals as src/config/config.ts', async t => {
