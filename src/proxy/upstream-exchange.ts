@@ -192,6 +192,13 @@ export class UpstreamExchange implements Dispatcher.DispatchHandler, Abortable {
   onResponseError (_controller: Controller, error: Error): void {
     const stage = this.#stage
     this.#stage = Stage.Done
+    if (stage === Stage.Done) {
+      // undici hands here what the exchange's own callbacks threw after it
+      // ended: a fault of the proxy's, which fails this request alone.
+      this.#request.log.error({ err: error }, 'request failed')
+      if (!this.#reply.sent) failResponse(this.#reply.raw, error)
+      return
+    }
     if (stage === Stage.Waiting && this.#gone === undefined && this.#attempt === 0 && retriesAfterFailure(this.#request.method, this.#bodyless(), error)) {
       this.#route.observer?.retried(this.#route.name, 'connect')
       // Not from inside undici's failure handling: on the next turn.
