@@ -34,16 +34,6 @@ function namesOtherHeaders (value: string | string[]): boolean {
   return v !== 'keep-alive' && v !== 'close'
 }
 
-// What Node will not write in a header value (its checkInvalidHeaderChar):
-// dropped from the upstream's values, as @fastify/http-proxy's sanitizer did,
-// so such an answer is still forwarded.
-const INVALID_VALUE_CHARS = /[^\t\x20-\x7E\x80-\xFF]/
-const INVALID_VALUE_CHARS_G = /[^\t\x20-\x7E\x80-\xFF]/g
-
-function sanitized (value: string): string {
-  return INVALID_VALUE_CHARS.test(value) ? value.replace(INVALID_VALUE_CHARS_G, '') : value
-}
-
 /**
  * The client's headers as they leave for the upstream: a copy without
  * hop-by-hop headers (RFC 9110 §7.6.1, and whatever the client's Connection
@@ -63,13 +53,17 @@ export function upstreamRequestHeaders (clientHeaders: IncomingHttpHeaders, host
   return h
 }
 
-/** Calls `set` with each header of the upstream's answer that goes on to the client: hop-by-hop ones dropped, values Node would refuse cleaned. */
+/**
+ * Calls `set` with each header of the upstream's answer that goes on to the
+ * client: hop-by-hop ones dropped. (A value with a control character never
+ * gets here: undici's parser refuses the whole answer, a 502.)
+ */
 export function forEachForwardedHeader (headers: IncomingHttpHeaders, set: (name: string, value: string | string[]) => void): void {
   const connection = headers.connection
   const named = connection !== undefined && namesOtherHeaders(connection) ? connectionTokens(connection) : undefined
   for (const name in headers) {
     const value = headers[name]
     if (value === undefined || DROP_RESPONSE.has(name) || named?.includes(name) === true) continue
-    set(name, typeof value === 'string' ? sanitized(value) : value.map(sanitized))
+    set(name, value)
   }
 }

@@ -186,3 +186,20 @@ t.test('a throw while writing a response (a header value Node refuses, not a Tra
   t.notMatch(scraped, /cos_auth_proxy_upstream_errors_total\{[^}]*\} [1-9]/, 'as the proxy\'s failure, not the upstream\'s')
   t.match(scraped, /cos_auth_proxy_upstream_errors_total\{route="api",kind="reset"\} 0\n/, '(its series at 0: the route has reached the upstream)')
 })
+
+t.test('an upstream header value with a control character (DEL) is a malformed answer: 502 upstream_unavailable, none of its headers forwarded', async t => {
+  const up = await startRawUpstream((head, socket) => {
+    const type = pathOf(head) === '/collected' ? 'Content-Type: text/plain\r\n' : ''
+    socket.write(`HTTP/1.1 200 OK\r\nX-Odd: a\x7fb\r\nX-Fine: c\r\n${type}Content-Length: 5\r\n\r\nhello`)
+  })
+  const proxy = await startProxy({ COS_API_URL: up.url })
+  t.teardown(async () => { await proxy.close(); await up.close() })
+  for (const path of ['/collected', '/streamed']) {
+    const res = await rawRequest(proxy.port, `GET ${path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n`)
+    const answer = res.finals[0]
+    t.equal(answer?.status, 502, `${path}: 502`)
+    t.equal(errorOf(answer)?.code, 'upstream_unavailable', `${path}: the JSON error`)
+    t.notOk(answer !== undefined && ('x-odd' in answer.headers || 'x-fine' in answer.headers), `${path}: none of the upstream's headers`)
+  }
+  t.equal((await send(`${proxy.url}/fine`)).status, 502, 'the proxy serves on (the same upstream, the same answer)')
+})
