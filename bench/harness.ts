@@ -6,6 +6,7 @@ import { randomBytes } from 'node:crypto'
 import { existsSync, mkdtempSync, openSync, closeSync, readFileSync, rmSync } from 'node:fs'
 import { Agent, get as httpGet } from 'node:http'
 import { createServer, type AddressInfo } from 'node:net'
+import type { Writable } from 'node:stream'
 import { availableParallelism, cpus, tmpdir } from 'node:os'
 import { dirname, join } from 'node:path'
 import { createInterface } from 'node:readline'
@@ -178,8 +179,8 @@ export interface SpawnOptions {
   readonly cwd?: string
   /** Run under `taskset -c <core>` (taskset execs node: the pid is node's). */
   readonly core?: number
-  /** Where stdout goes: piped to us, or an already open file descriptor. */
-  readonly stdout?: 'pipe' | number
+  /** Where stdout goes: piped to us, an already open file descriptor, or another child's stdin. */
+  readonly stdout?: 'pipe' | number | Writable
   readonly nodeArgs?: readonly string[]
 }
 
@@ -351,6 +352,8 @@ export interface Server {
   readonly readyMs: number
   /** CPU the server used from spawn to ready (all its threads): less noisy than readyMs on a busy machine. */
   readonly readyCpuMs?: number
+  /** The process that reads the server's stdout into logFile (it exits once the server has). */
+  readonly logReader?: Child
 }
 
 export function cpuMs (pid: number): number {
@@ -435,7 +438,17 @@ function compileCacheEnv (build: Build, scratch: string): Record<string, string>
 export async function startProxy (s: ProxyStart): Promise<Server> {
   const port = await freePort()
   const adminPort = await freePort()
+  // stdout is a pipe that another process reads into the log file, as a
+  // container runtime reads a container's stdout: the write to a pipe is the
+  // proxy's cost, the file system's work is the reader's (on another core).
   const log = openLog(s.logFile)
+  let logReader: Child
+  try {
+    logReader = spawnProgram('log reader', 'cat', [], { stdout: log.fd, ...(s.core === undefined ? {} : { core: s.core === 0 ? 1 : 0 }) })
+  } finally {
+    log.close() // the reader has its own copy of the descriptor
+  }
+  const pipe = logReader.proc.stdin as Writable
   let child: Child
   const build = s.build ?? thisBuild()
   const cache = compileCacheEnv(build, s.cwd)
@@ -444,19 +457,19 @@ export async function startProxy (s: ProxyStart): Promise<Server> {
     child = spawnNode('proxy', build.script, ['serve'], {
       env: { ...proxyEnv(s.upstreamUrl, port, s.logLevel, adminPort), ...imageEnvForThisNode(build.env), ...cache, ...s.env },
       cwd: s.cwd,
-      stdout: log.fd,
+      stdout: pipe,
       ...(s.core === undefined ? {} : { core: s.core }),
       nodeArgs: [...build.nodeArgs, ...(s.nodeArgs ?? [])],
     })
   } finally {
-    log.close() // the child has its own copy of the descriptor
+    pipe.destroy() // the proxy has its own copy of the pipe: the reader ends when the proxy does
   }
   const url = `http://127.0.0.1:${port}`
   await waitFor200(child, `http://127.0.0.1:${adminPort}/readyz`, 10_000, 2)
   const readyMs = performance.now() - t0
   const readyCpuMs = cpuMs(child.pid)
   await waitFor200(child, url + '/ready') // the whole path, upstream included
-  return { child, url, logFile: s.logFile, readyMs, readyCpuMs }
+  return { child, url, logFile: s.logFile, readyMs, readyCpuMs, logReader }
 }
 
 export async function startFloor (upstreamUrl: string, core: number | undefined, nodeArgs?: readonly string[], extraEnv?: Readonly<Record<string, string>>): Promise<Server> {

@@ -233,6 +233,7 @@ async function start (ctx: Context, target: Target): Promise<Started> {
     stop: async () => {
       const peakRssMB = vmMB(pid, 'VmHWM')
       await stopChild(server.child)
+      await server.logReader?.exited
       if (server.logFile === undefined) return { peakRssMB }
       const logLines = countRequestLines(server.logFile)
       rmSync(server.logFile, { force: true })
