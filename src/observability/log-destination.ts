@@ -1,12 +1,16 @@
-// Where log lines go: stdout, one write per turn of the event loop.
+// Where log lines go: stdout, in batches of a few milliseconds.
 //
 // Measured (bench/results, issue 6): with pino's default destination (an
 // async sonic-boom: one fs.write through the libuv thread pool per few lines,
 // plus a Buffer.byteLength over its growing buffer on every line), the one
-// line per request cost about a fifth of the proxy's CPU. Lines written
-// during one turn are joined here and written with one writeSync at the end
-// of the turn: no thread-pool hop, one syscall for all the requests the turn
-// finished, and no line waits longer than the turn that wrote it.
+// line per request cost about a fifth of the proxy's CPU. Lines are joined
+// here and written with one writeSync: no thread-pool hop, one syscall for
+// many lines. A batch is written `maxDelayMs` after its first line (default
+// 5 ms), or at once when it reaches BATCH_BYTES: no line waits longer. (One
+// write per turn of the event loop, as before issue 21, meant a write every
+// few requests under load, and a wake-up of the reader each time.) What is
+// pending goes out on exit (logger.ts); a SIGKILL can cost the last few
+// milliseconds of lines.
 //
 // writeSync blocks while a full pipe drains, as Node's own process.stdout
 // does for pipes and files on Linux; if stdout is non-blocking and full
@@ -22,13 +26,19 @@ export interface BatchedStdoutOptions {
   readonly maxPendingBytes?: number
   /** How soon to try again after EAGAIN; default 10 ms. */
   readonly retryMs?: number
+  /** The longest a line waits to be written; default 5 ms. */
+  readonly maxDelayMs?: number
 }
+
+/** A batch this large is written at once, whatever its age. */
+const BATCH_BYTES = 64 * 1024
 
 /** A pino DestinationStream (write/flush/flushSync). */
 export class BatchedStdout {
   readonly #fd: number
   readonly #maxPending: number
   readonly #retryMs: number
+  readonly #maxDelayMs: number
   #lines: string[] = []
   #pending = 0
   /** The unwritten tail of a batch the fd refused (EAGAIN); written before anything newer. */
@@ -41,6 +51,7 @@ export class BatchedStdout {
     this.#fd = opts.fd ?? 1
     this.#maxPending = opts.maxPendingBytes ?? 8 * 1024 * 1024
     this.#retryMs = opts.retryMs ?? 10
+    this.#maxDelayMs = opts.maxDelayMs ?? 5
   }
 
   /** Lines dropped so far (pending limit reached, or the reader went away). */
@@ -55,9 +66,11 @@ export class BatchedStdout {
     }
     this.#lines.push(line)
     this.#pending += line.length
-    if (!this.#scheduled) {
+    if (this.#pending >= BATCH_BYTES && this.#stalled === undefined) {
+      this.flushSync()
+    } else if (!this.#scheduled) {
       this.#scheduled = true
-      setImmediate(this.#flushLater)
+      setTimeout(this.#flushLater, this.#maxDelayMs).unref()
     }
   }
 

@@ -35,21 +35,35 @@ function drain (fd: number): string {
   return out
 }
 
-t.test('lines written in one turn go out together at the end of the turn, in order', async t => {
+t.test('lines go out together, in order, maxDelayMs after the first of them: not per turn of the event loop', async t => {
   const path = join(scratch(t), 'log')
   const fd = openSync(path, 'w')
   t.teardown(() => { closeSync(fd) })
-  const out = new BatchedStdout({ fd })
+  const out = new BatchedStdout({ fd, maxDelayMs: 40 })
   out.write('{"n":1}\n')
   out.write('{"n":2}\n')
-  out.write('{"n":3,"text":"é"}\n')
-  t.equal(readFileSync(path, 'utf8'), '', 'nothing written during the turn')
   await turn()
-  t.equal(readFileSync(path, 'utf8'), '{"n":1}\n{"n":2}\n{"n":3,"text":"é"}\n', 'all three, in order, UTF-8 intact')
+  out.write('{"n":3,"text":"é"}\n')
+  await turn()
+  t.equal(readFileSync(path, 'utf8'), '', 'nothing written after two turns')
+  await sleep(60)
+  t.equal(readFileSync(path, 'utf8'), '{"n":1}\n{"n":2}\n{"n":3,"text":"é"}\n', 'all three in one batch, in order, UTF-8 intact')
   out.write('{"n":4}\n')
   out.flushSync()
   t.equal(readFileSync(path, 'utf8').split('\n').length - 1, 4, 'flushSync writes at once')
   t.equal(out.dropped, 0)
+})
+
+t.test('a batch that reaches 64 KiB is written at once, without waiting for its delay', async t => {
+  const path = join(scratch(t), 'log')
+  const fd = openSync(path, 'w')
+  t.teardown(() => { closeSync(fd) })
+  const out = new BatchedStdout({ fd, maxDelayMs: 60_000 })
+  const line = JSON.stringify({ pad: 'z'.repeat(1000) }) + '\n'
+  for (let i = 0; i < 70; i++) out.write(line)
+  t.ok(readFileSync(path, 'utf8').length >= 64 * 1024, 'written before the 60 s delay')
+  out.flushSync()
+  t.equal(readFileSync(path, 'utf8').length, 70 * line.length, 'every line, once')
 })
 
 t.test('flush(cb) writes what is pending before calling back (the exit path)', async t => {
