@@ -9,7 +9,7 @@ import t, { type Test } from 'tap'
 import { CredentialStore } from '../../src/credentials/credentials.js'
 import { createLogger } from '../../src/observability/logger.js'
 import { buildProxyServer } from '../../src/proxy/proxy-server.js'
-import { freePort, LogCapture, send, stallingUpstream, startProxy, startUpstream, testConfig, until } from '../support/helpers.js'
+import { LogCapture, REFUSING_PORT, send, stallingUpstream, startProxy, startUpstream, testConfig, until } from '../support/helpers.js'
 import { read } from './exported.js'
 import { sectionText } from './markdown.js'
 
@@ -67,7 +67,7 @@ t.test('each outcome: one line of its own at the documented level, beside the re
     socket.write(`HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\ncontent-length: 100000\r\n\r\n${'x'.repeat(20_000)}`)
     setTimeout(() => socket.resetAndDestroy(), 50)
   })
-  const closed = `http://127.0.0.1:${await freePort()}`
+  const closed = `http://127.0.0.1:${REFUSING_PORT}`
   t.teardown(async () => { await Promise.all([ok.close(), failing.close(), silent.close(), midway.close()]) })
 
   const cases: { name: string, upstream: string, client?: 'hang-up', want: string[], status: number, aborted?: true }[] = [

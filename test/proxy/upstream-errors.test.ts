@@ -9,7 +9,7 @@ import { join } from 'node:path'
 import t from 'tap'
 import { errors } from 'undici'
 import { upstreamErrorStatus } from '../../src/proxy/forward-response.js'
-import { freePort, json, listenOnLoopback, send, startProxy, startUpstream } from '../support/helpers.js'
+import { REFUSING_PORT, json, listenOnLoopback, send, startProxy, startUpstream } from '../support/helpers.js'
 
 /** A TCP server that does `onSocket` with every connection, and tracks them for teardown. */
 async function tcpServer (onSocket: (s: Socket) => void): Promise<{ port: number, close: () => Promise<void> }> {
@@ -21,7 +21,7 @@ async function tcpServer (onSocket: (s: Socket) => void): Promise<{ port: number
 
 t.test('connection refused → 502 upstream_unavailable with x-request-id, then the proxy serves on', async t => {
   const good = await startUpstream()
-  const port = await freePort()
+  const port = REFUSING_PORT
   const proxy = await startProxy({ COS_MANAGEMENT_API_URL: `http://127.0.0.1:${port}`, COS_API_URL: good.url })
   t.teardown(async () => { await proxy.close(); await good.close() })
   const res = await send(`${proxy.url}/management/x`, { headers: { 'x-request-id': 'refused-1' } })

@@ -4,7 +4,7 @@
 // failures). Then the logs, every byte sent back to clients and the metrics
 // are searched for the secret and for every token the upstreams received.
 import { randomBytes } from 'node:crypto'
-import { createServer, type AddressInfo } from 'node:net'
+import type { AddressInfo } from 'node:net'
 import { inspect } from 'node:util'
 import t from 'tap'
 import { ConfigError, LOG_FORMATS, describeConfig, loadConfig } from '../../src/config/config.js'
@@ -15,15 +15,8 @@ import { PrettyLines } from '../../src/observability/pretty-log.js'
 import { RequestLog } from '../../src/observability/request-log.js'
 import { Secret } from '../../src/config/secret.js'
 import { buildProxyServer } from '../../src/proxy/proxy-server.js'
-import { ACCESS_KEY, LogCapture, SECRET, listenOnLoopback, secretForms, testConfig, tokenForms } from '../support/helpers.js'
+import { ACCESS_KEY, LogCapture, REFUSING_PORT, SECRET, secretForms, testConfig, tokenForms } from '../support/helpers.js'
 import { get, headerNames, rawRequest, startCountingUpstream, type RawResult } from '../support/raw.js'
-
-async function closedPort (): Promise<number> {
-  const s = createServer()
-  const port = await listenOnLoopback(s)
-  await new Promise<void>(resolve => s.close(() => { resolve() }))
-  return port
-}
 
 t.test('at trace level, across every kind of request, no secret, token, signature or nonce leaves the proxy, in JSON or pretty logs', async t => {
   const recorder = await startCountingUpstream((_req, res) => {
@@ -31,11 +24,10 @@ t.test('at trace level, across every kind of request, no secret, token, signatur
     res.end('{"ok":true}')
   })
   const hanging = await startCountingUpstream(() => { /* never answers: 504 */ })
-  const refused = await closedPort()
   const env = {
     COS_MANAGEMENT_API_URL: recorder.url,
     COS_OPTIMIZE_API_URL: `${hanging.url}/v1`,
-    COS_API_URL: `http://127.0.0.1:${refused}`,
+    COS_API_URL: `http://127.0.0.1:${REFUSING_PORT}`,
     COS_UPSTREAM_TIMEOUT_MS: '300',
     COS_ALLOW_FROM: '127.0.0.1/32',
     COS_REQUIRE_HEADER: 'X-COS-Proxy: 1',

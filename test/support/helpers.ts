@@ -42,13 +42,13 @@ export async function listenOnLoopback (server: NetServer): Promise<number> {
   return (server.address() as AddressInfo).port
 }
 
-/** A port on 127.0.0.1 that nothing listens on (it was free a moment ago). */
-export async function freePort (): Promise<number> {
-  const s = createNetServer()
-  const port = await listenOnLoopback(s)
-  await new Promise(resolve => s.close(resolve))
-  return port
-}
+/**
+ * A port that refuses connections for as long as a test needs: nothing
+ * listens on port 1, and it is never handed out as an ephemeral port (a port
+ * that was merely free a moment ago can be taken by a server of another test
+ * running in parallel: seen in CI).
+ */
+export const REFUSING_PORT = 1
 
 /** An HTTP server on 127.0.0.1 that hashes each body as it streams and records the request. */
 export async function startUpstream (handler?: UpstreamHandler): Promise<Upstream> {

@@ -13,7 +13,7 @@ import { buildProxyServer, upstreamsFor } from '../../src/proxy/proxy-server.js'
 import { HeaderMinter, secretKey, verifyToken } from '../../src/token/token.js'
 import { CREDS, run, start } from '../support/cli-process.js'
 import { startForwardProxy, type ForwardProxy } from '../support/forward-proxy.js'
-import { ACCESS_KEY, LogCapture, SECRET, freePort, json, listenOnLoopback, send, startProxy, startUpstream, testConfig, type RunningProxy, type Upstream } from '../support/helpers.js'
+import { ACCESS_KEY, LogCapture, REFUSING_PORT, SECRET, json, listenOnLoopback, send, startProxy, startUpstream, testConfig, type RunningProxy, type Upstream } from '../support/helpers.js'
 import { httpsUpstream, makePki, type HttpsUpstream } from '../support/tls-fixtures.js'
 
 const key = secretKey(SECRET)
@@ -230,7 +230,7 @@ t.test('credentials the egress proxy refuses (407) give 502 upstream_unavailable
 })
 
 t.test('a dead egress proxy gives 502 upstream_unavailable naming it, for https and http upstreams', async t => {
-  const port = await freePort()
+  const port = REFUSING_PORT
   const up = await startUpstream()
   t.teardown(() => up.close())
   const dead = `http://${USERINFO}@127.0.0.1:${port}`

@@ -12,7 +12,7 @@ import { CredentialStore, readPair } from '../../src/credentials/credentials.js'
 import { buildProxyServer, metricsObserver, type Diagnostics } from '../../src/proxy/proxy-server.js'
 import { createMintingClock, HeaderMinter, mintingClock, parseToken, secretKey, wallClockNs } from '../../src/token/token.js'
 import { UpstreamClock } from '../../src/upstream/upstream-clock.js'
-import { ACCESS_KEY, LogCapture, SECRET, freePort, json, send, startUpstream, testConfig } from '../support/helpers.js'
+import { ACCESS_KEY, LogCapture, REFUSING_PORT, SECRET, json, send, startUpstream, testConfig } from '../support/helpers.js'
 
 const MINUTE_MS = 60_000
 
@@ -224,7 +224,7 @@ t.test('COS_CLOCK_SKEW_CORRECTION=true', async t => {
     const gauge = await skewGauge(proxy.metrics)
     t.ok(gauge !== undefined && Math.abs(gauge - 300) <= 1.5, `measured before any request (${gauge})`)
 
-    const closed = await freePort()
+    const closed = REFUSING_PORT
     const unreachable = await startProxy(t, { COS_API_URL: `http://127.0.0.1:${closed}`, COS_CLOCK_SKEW_CORRECTION: 'true' })
     t.match(linesMatching(unreachable.logs, 'warn', /could not read the upstream's clock at start/)[0], { upstream: `http://127.0.0.1:${closed}` }, 'logged; the proxy listens anyway')
     t.equal((await send(`${unreachable.url}/x`)).status, 502)
