@@ -33,4 +33,6 @@ out=$(taskset -c 0 npx autocannon -j -c 32 -d 5 "http://127.0.0.1:$PORT/api/v1/c
 t1=$(awk '{print $14+$15}' "/proc/$srv/stat")
 read -r total non2xx < <(echo "$out" | node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>{const j=JSON.parse(s);console.log(j.requests.total, j.non2xx)})')
 echo "$(basename "$SERVER") requests=$total non2xx=$non2xx cpu_ms_per_1k=$(node -e "console.log(((($t1-$t0)*10)/($total/1000)).toFixed(1))")"
-kill "$srv" "$up"; sleep "${NODE_FLAGS:+3}.5"
+kill "$srv" "$up"; sleep 0.5
+# A profile (--cpu-prof) is written as the server exits: give it time.
+[[ -z ${NODE_FLAGS:-} ]] || sleep 3

@@ -31,7 +31,7 @@ export function isoTimeCached (): string {
   return stamp
 }
 
-/** stdout for the process's logger; what the current turn has logged still goes out on process.exit(). */
+/** stdout for the process's logger; lines still pending go out on process.exit(). */
 export function stdoutDestination (): BatchedStdout {
   const stdout = new BatchedStdout()
   process.once('exit', () => { stdout.flushSync() })

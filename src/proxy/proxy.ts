@@ -120,7 +120,6 @@ function routeOptions (route: Route, limitBody: PreHandler | undefined, handler:
     prefix: route.prefix === '' ? '/' : route.prefix,
     rewritePrefix: route.prefix === '' ? route.basePath + '/' : route.basePath === '' ? '/' : route.basePath,
     websocket: false,
-    disableRequestLogging: true,
     config: { routeName: route.name, allowedMethods: route.allowedMethods },
     ...(limitBody === undefined ? {} : { preHandler: limitBody }),
     // Nothing is returned: Fastify would otherwise wait on whatever comes back.

@@ -111,7 +111,6 @@ export class UpstreamExchange implements Dispatcher.DispatchHandler, Abortable {
 
   onRequestStart (controller: Controller): void {
     this.#controller = controller
-    if (this.#stream !== undefined) this.#stream.controller = controller
     if (this.#gone !== undefined) controller.abort(this.#gone)
   }
 
