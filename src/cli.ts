@@ -127,7 +127,16 @@ const commands: Record<string, (args: string[]) => Promise<void>> = {
 
   async config (args) {
     parse(args, {})
-    process.stdout.write(describeConfig(loadConfig()) + '\n')
+    try {
+      process.stdout.write(describeConfig(loadConfig()) + '\n')
+    } catch (err) {
+      if (!(err instanceof ConfigError)) throw err
+      // Not enough to serve (no URL, no credentials): the defaults and what
+      // is set are shown all the same, then the line saying what is missing
+      // (exit 78, as serve would). A bad value stops here too, named.
+      process.stdout.write(describeConfig(loadConfig({ needs: 'nothing' })) + '\n')
+      throw err
+    }
     return Promise.resolve()
   },
 

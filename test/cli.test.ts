@@ -65,6 +65,16 @@ t.test('config prints the effective configuration with the secret redacted', asy
   t.notOk(r.stdout.includes(SECRET))
 })
 
+t.test('config with nothing set shows the defaults, then says what serve would need (exit 78)', async t => {
+  const r = await run(['config'], {})
+  t.equal(r.code, 78)
+  const c = JSON.parse(r.stdout) as { listen: { port: number }, admin: { port: number }, routes: unknown[] }
+  t.equal(c.listen.port, 8080, 'the defaults are shown')
+  t.same(c.routes, [])
+  t.match(r.stderr, /^cos-auth-proxy: config: COS_API_URL or COS_MANAGEMENT_API_URL or COS_OPTIMIZE_API_URL is required/)
+  t.equal(r.stderr.split('\n').filter(l => l !== '').length, 1, 'one line')
+})
+
 t.test('a bad config exits 78 with one line naming the variable', async t => {
   const cases: [string[], Record<string, string>, RegExp][] = [
     [['serve'], { ...CREDS, COS_API_URL: 'http://127.0.0.1:1', COS_LISTEN_PORT: 'eighty' }, /COS_LISTEN_PORT/],

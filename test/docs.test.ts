@@ -5,6 +5,7 @@ import { existsSync, readdirSync, readFileSync } from 'node:fs'
 import { dirname, join, relative } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import t from 'tap'
+import { parseAllDocuments } from 'yaml'
 import { VARIABLES } from '../src/config/config.js'
 import { INJECT_VARIABLES } from '../src/inject/config.js'
 
@@ -100,3 +101,73 @@ t.test('the link checker reads GitHub\'s anchors and skips code', async t => {
   t.same([...anchors('# Kubernetes\n## The `inject` webhook\n## Drain\n### Drain\n```\n# not a heading\n```\n')], ['kubernetes', 'the-inject-webhook', 'drain', 'drain-1'])
   t.same(links('see [a](a.md) and [b](../b.md#x "t")\n`[c](c.md)`\n```\n[d](d.md)\n```\n[e](https://x)'), ['a.md', '../b.md#x', 'https://x'])
 })
+
+/**
+ * The code blocks of a Markdown file marked `<!-- snippet: path -->`: each
+ * is an excerpt of that file, its runs of lines between `# …` markers
+ * verbatim and in order.
+ */
+function snippets (text: string): Array<{ path: string, runs: string[][] }> {
+  const out: Array<{ path: string, runs: string[][] }> = []
+  for (const m of text.matchAll(/<!-- snippet: (\S+) -->\n```[a-z]*\n([\s\S]*?)\n```/g)) {
+    const runs: string[][] = [[]]
+    for (const line of (m[2] as string).split('\n')) {
+      if (line.trim() === '# …') runs.push([])
+      else (runs.at(-1) as string[]).push(line.trimEnd())
+    }
+    out.push({ path: m[1] as string, runs: runs.filter(run => run.length > 0) })
+  }
+  return out
+}
+
+/** Where the run of lines starts in lines, at or after from; -1 when it is not there. */
+function findRun (lines: string[], run: string[], from: number): number {
+  for (let i = from; i + run.length <= lines.length; i++) {
+    if (run.every((line, j) => lines[i + j] === line)) return i
+  }
+  return -1
+}
+
+t.test('the README\'s chart snippets are the example parent chart\'s own lines, in order', async t => {
+  const found = snippets(readFileSync(join(ROOT, 'README.md'), 'utf8'))
+  t.same(found.map(s => s.path), ['examples/sidecar-parent-chart/Chart.yaml', 'examples/sidecar-parent-chart/values.yaml', 'examples/sidecar-parent-chart/templates/deployment.yaml'], 'the three pieces a parent chart needs')
+  for (const { path, runs } of found) {
+    const lines = readFileSync(join(ROOT, path), 'utf8').split('\n').map(line => line.trimEnd())
+    let at = 0
+    for (const run of runs) {
+      const i = findRun(lines, run, at)
+      t.ok(i >= 0, `${path}: "${run[0] ?? ''}" and the ${run.length - 1} lines after it are there, in order`)
+      if (i >= 0) at = i + run.length
+    }
+  }
+  t.equal(findRun(['a', 'b', 'c'], ['b', 'c'], 0), 1, 'a run is found where it is')
+  t.equal(findRun(['a', 'b', 'c'], ['c', 'b'], 0), -1, 'and not when out of order')
+})
+
+t.test('the example chart, rendered in both modes by CI, puts the proxy where each mode needs it', async t => {
+  // rendered/*.yaml are held current by scripts/ci-packaging.sh (helm-check).
+  for (const mode of ['native', 'plain'] as const) {
+    const docs = parseAllDocuments(readFileSync(join(ROOT, 'examples/sidecar-parent-chart/rendered', `${mode}.yaml`), 'utf8')).map(d => d.toJS() as { kind?: string, spec?: { template?: { spec?: PodSpec } } })
+    const pod = docs.find(d => d.kind === 'Deployment')?.spec?.template?.spec
+    if (pod === undefined) {
+      t.fail(`${mode}: a Deployment`)
+      continue
+    }
+    // The proxy by its image (ci/plain-values.yaml names its container auth-proxy).
+    const isProxy = (c: Container): boolean => c.image.includes('/cos-auth-proxy:')
+    const init = (pod.initContainers ?? []).find(isProxy)
+    const plain = pod.containers.find(isProxy)
+    if (mode === 'native') {
+      t.equal(init?.restartPolicy, 'Always', 'native: an init container with restartPolicy Always (a native sidecar)')
+      t.equal(plain, undefined, 'native: not also a plain container')
+    } else {
+      t.equal(init, undefined, 'plain: never a classic init container (it would never exit)')
+      t.ok(plain, 'plain: a container beside the app')
+      t.equal(plain?.restartPolicy, undefined, 'plain: no container-level restartPolicy')
+    }
+    t.ok(pod.containers.some(c => c.name === 'app'), `${mode}: the app is there`)
+  }
+})
+
+interface Container { name: string, image: string, restartPolicy?: string }
+interface PodSpec { initContainers?: Container[], containers: Container[] }
