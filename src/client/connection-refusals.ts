@@ -2,7 +2,7 @@
 // unknown methods, oversized headers, slow senders) and CONNECT, answered on
 // the raw socket in the proxy's JSON error shape, and the condemnation of a
 // connection after a refusal, so nothing pipelined behind it is forwarded.
-import type { IncomingMessage, ServerResponse } from 'node:http'
+import type { IncomingMessage } from 'node:http'
 import type { Duplex } from 'node:stream'
 import type { FastifyReply } from 'fastify'
 import type { WithPendingResponse } from './connections.js'
@@ -31,9 +31,9 @@ const STATUS_CODES_TEXT: Readonly<Record<number, string>> = { 400: 'Bad Request'
  * while earlier answers are still pending, queueing their responses; the
  * ones behind a refusal would run upstream (a POST nobody receives the
  * answer to, so a retry duplicates it) and their answers never be written.
- * The value: the responses dropped so far (see droppedBehindRefusal).
+ * The value: how many requests were dropped so far (see droppedBehindRefusal).
  */
-const condemned = new WeakMap<Duplex, ServerResponse[]>()
+const condemned = new WeakMap<Duplex, { dropped: number }>()
 
 // A client that pipelines this many requests behind a refused one is cut
 // off: each dropped request is held until the connection closes.
@@ -42,12 +42,10 @@ const MAX_DROPPED = 100
 /** Marks the connection; false when it already was. */
 export function condemn (socket: Duplex): boolean {
   if (condemned.has(socket)) return false
-  const dropped: ServerResponse[] = []
-  condemned.set(socket, dropped)
-  // Node closes only the response that holds the socket: the dropped ones
-  // are closed with the connection, which writes their log lines and
-  // settles the in-flight gauge.
-  socket.once('close', () => { for (const res of dropped) res.emit('close') })
+  // The dropped requests' responses are queued behind the refusal: they are
+  // closed with the connection (closeWithConnection), which writes their log
+  // lines and settles the in-flight gauge.
+  condemned.set(socket, { dropped: 0 })
   return true
 }
 
@@ -59,13 +57,12 @@ export function condemn (socket: Duplex): boolean {
  */
 export function droppedBehindRefusal (reply: FastifyReply): boolean {
   const socket = reply.request.raw.socket
-  const dropped = condemned.get(socket)
-  if (dropped === undefined) return false
+  const state = condemned.get(socket)
+  if (state === undefined) return false
   reply.code(400)
   reply.hijack()
-  const res = reply.raw
   // Holding the socket means nothing is queued ahead: the refusal is out, only the close is left.
-  if (res.socket !== null || dropped.push(res) > MAX_DROPPED) socket.destroy()
+  if (reply.raw.socket !== null || ++state.dropped > MAX_DROPPED) socket.destroy()
   return true
 }
 

@@ -55,6 +55,49 @@ export function reapIdleConnections (server: Server, idleMs: number, maxConnecti
   server.once('close', () => clearInterval(sweep))
 }
 
+const QUEUED = Symbol('cos-auth-proxy.queuedResponses')
+type WithQueued = Socket & { [QUEUED]?: ServerResponse[] }
+
+/**
+ * A response queued behind another on its connection (HTTP/1.1 pipelining:
+ * Node parses ahead and hands over every request it finds while earlier
+ * answers are pending) never holds the socket until those are written, and
+ * Node never closes it if the connection closes first: no 'close', so no
+ * request line, no metrics sample, an in-flight gauge that never comes
+ * down, and a body piped into it that never stops. Such a response is closed
+ * here with its connection. Called for every request: nothing is done for
+ * one that holds its socket (Node closes that one itself).
+ */
+export function closeWithConnection (res: ServerResponse): void {
+  if (res.socket !== null) return
+  const socket = res.req.socket as WithQueued
+  let queued = socket[QUEUED]
+  if (queued === undefined) {
+    queued = []
+    socket[QUEUED] = queued
+    socket.once('close', closeQueued)
+  } else if (queued.length >= 32) {
+    // A long pipelining connection: forget the ones Node has closed since (written, or closed with the socket).
+    let kept = 0
+    for (const r of queued) if (!r.destroyed) queued[kept++] = r
+    queued.length = kept
+  }
+  queued.push(res)
+}
+
+function closeQueued (this: WithQueued): void {
+  const queued = this[QUEUED]
+  if (queued === undefined) return
+  this[QUEUED] = []
+  for (const res of queued) {
+    // Node marks what it closed destroyed; destroy() marks this one too, and
+    // makes a late write to it (an upstream answer still on its way) a no-op.
+    if (res.destroyed) continue
+    res.destroy()
+    res.emit('close')
+  }
+}
+
 /** Closes the connection without a response under way that was busy longest ago; false when every one is busy. */
 function closeIdlest (connections: Connections): boolean {
   let idlest: WithPendingResponse<Socket> | undefined

@@ -1,5 +1,6 @@
 import { LogController, type FastifyReply, type FastifyRequest } from 'fastify'
 import { hasErrorCode } from '../upstream/error-codes.js'
+import { closeWithConnection } from '../client/connections.js'
 import { responseFailure } from '../client/response.js'
 
 /** Per-request counters and histograms; ProxyMetrics implements it. */
@@ -42,7 +43,10 @@ export class RequestLog extends LogController {
   override incomingRequest (request: FastifyRequest, reply: FastifyReply): void {
     this.#observer?.requestStarted()
     this.open++
-    reply.raw.once('close', () => { this.open--; this.#completed(request, reply) })
+    const res = reply.raw
+    res.once('close', () => { this.open--; this.#completed(request, reply) })
+    // Queued behind an earlier answer (pipelining): Node would never close it if the connection closed first.
+    if (res.socket === null) closeWithConnection(res)
   }
 
   override requestCompleted (): void {
@@ -68,9 +72,13 @@ export class RequestLog extends LogController {
       this.#observer?.responseFailed?.(route)
       request.log.error({ err: failure }, 'the response could not be written: its connection was closed')
     }
-    // A reply the proxy itself took over (a request dropped behind a refusal,
-    // connection-refusals.ts) keeps the status it was given: no client closed that one.
-    const status = aborted && !reply.raw.headersSent && !reply.sent ? CLIENT_CLOSED_REQUEST : reply.statusCode
+    // 499 when the client got no status: none was written, or the answer sat
+    // queued behind another on a connection that closed (it never held the
+    // socket: closeWithConnection). A reply the proxy itself took over (a
+    // request dropped behind a refusal, connection-refusals.ts) keeps the
+    // status it was given: no client closed that one.
+    const res = reply.raw
+    const status = aborted && ((!res.headersSent && !reply.sent) || (res.socket === null && res.writableEnded)) ? CLIENT_CLOSED_REQUEST : reply.statusCode
     const elapsedMs = reply.elapsedTime
     // eslint-disable-next-line @typescript-eslint/no-unnecessary-condition -- undefined on requests no proxy route handled
     const upstreamMs = request.upstreamMs ?? -1

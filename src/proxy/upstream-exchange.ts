@@ -88,7 +88,11 @@ export class UpstreamExchange implements Dispatcher.DispatchHandler, Abortable {
     this.#socket = request.raw.socket
   }
 
-  /** Sends the request; everything after happens in undici's callbacks. */
+  /**
+   * Sends the request; everything after happens in undici's callbacks. Not
+   * when its client has already gone: nothing is sent (no token minted), and
+   * its response, closed with the connection, logs and counts it as 499.
+   */
   start (): void {
     if (!trackUntilClientGone(this.#socket, this)) return
     this.#send()

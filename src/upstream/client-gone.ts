@@ -27,12 +27,15 @@ function abortAll (this: TrackedSocket): void {
  * 'close' never fires for a pipelined request queued behind another. One
  * listener and one Set per connection, shared by the requests on it; the
  * Set sits on the socket itself (a WeakMap lookup would cost more).
- * Returns false when the connection is already closed.
+ * Returns false when the connection is already closed (or closing): then
+ * nothing is to be sent, and its response was closed with it (by Node, or,
+ * queued behind another, by closeWithConnection in src/client/connections.ts)
+ * so the request is logged and counted as 499 all the same.
  */
 export function trackUntilClientGone (socket: Socket, exchange: Abortable): boolean {
   const s = socket as TrackedSocket
   let inFlight = s[IN_FLIGHT]
-  if (inFlight === null || socket.closed) return false
+  if (inFlight === null || socket.destroyed) return false
   if (inFlight === undefined) {
     inFlight = new Set()
     s[IN_FLIGHT] = inFlight

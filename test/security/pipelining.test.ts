@@ -4,8 +4,13 @@
 // connection), is malformed or is CONNECT, nothing behind it may be
 // forwarded, and the answers owed to the requests before it come first.
 import type { IncomingMessage, ServerResponse } from 'node:http'
+import { connect, type AddressInfo } from 'node:net'
 import t, { type Test } from 'tap'
-import { startProxy, type RunningProxy } from '../support/helpers.js'
+import { CredentialStore, readPair } from '../../src/credentials/credentials.js'
+import { createLogger } from '../../src/observability/logger.js'
+import { ProxyMetrics } from '../../src/observability/metrics.js'
+import { buildProxyServer, metricsObserver } from '../../src/proxy/proxy-server.js'
+import { LogCapture, startProxy, testConfig, until, type RunningProxy } from '../support/helpers.js'
 import { errorOf, rawRequest, startCountingUpstream, type CountingUpstream, type RawResult } from '../support/raw.js'
 
 const GET = (path: string): string => `GET ${path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n`
@@ -34,9 +39,14 @@ function requestLines (proxy: RunningProxy): Record<string, unknown>[] {
 
 /** Waits (boundedly) until `count` request lines are written: every request, forwarded or dropped, is accounted for once. */
 async function logged (proxy: RunningProxy, count: number): Promise<Record<string, unknown>[]> {
-  for (let i = 0; i < 100 && requestLines(proxy).length < count; i++) await new Promise(resolve => setTimeout(resolve, 10))
+  return waitForLines(proxy.logs, count)
+}
+
+async function waitForLines (logs: LogCapture, count: number): Promise<Record<string, unknown>[]> {
+  const lines = (): Record<string, unknown>[] => logs.records.filter(r => r.msg === 'request')
+  for (let i = 0; i < 100 && lines().length < count; i++) await new Promise(resolve => setTimeout(resolve, 10))
   await new Promise(resolve => setTimeout(resolve, 30)) // one more would show up here
-  return requestLines(proxy)
+  return lines()
 }
 
 function statuses (res: RawResult): number[] {
@@ -134,4 +144,66 @@ t.test('a flood pipelined behind a refusal is cut off rather than held, and noth
   const written = (await logged(proxy, lines + 2)).slice(lines)
   t.ok(written.length >= 2 && written.every(l => l.status === 400), `every request parsed was logged as refused or dropped (${written.length})`)
   t.equal((await rawRequest(proxy.port, GET('/after'), { expect: 1 })).finals[0]?.status, 200, 'still serving')
+})
+
+/** The value of every sample of `name` in an exposition text, summed. */
+function total (text: string, name: string): number {
+  let sum = 0
+  for (const line of text.split('\n')) if (line.startsWith(`${name}{`) || line.startsWith(`${name} `)) sum += Number(line.slice(line.lastIndexOf(' ') + 1))
+  return sum
+}
+
+t.test('requests pipelined behind a slow one whose client leaves are each logged and counted once, 499, and in-flight returns to 0', async t => {
+  const metrics = new ProxyMetrics({ defaultMetrics: false })
+  const up = await startCountingUpstream((req, res) => { if (req.method !== 'GET') echo(req, res) })
+  const proxy = await startProxy({ COS_API_URL: up.url }, 'info', { observer: metricsObserver(metrics) })
+  t.teardown(async () => { await proxy.close(); await up.close() })
+  const socket = connect(proxy.port, '127.0.0.1')
+  socket.on('error', () => undefined)
+  await new Promise(resolve => socket.once('connect', resolve))
+  socket.write(GET('/slow') + POST('/1', 'one') + POST('/2', 'two') + POST('/3', 'three'))
+  t.ok(await until(() => up.received.length === 4), 'the upstream has the slow GET and executed the three POSTs behind it')
+  socket.destroy()
+  const lines = await logged(proxy, 4)
+  t.same(lines.map(l => `${String(l.method)} ${String(l.status)} ${String(l.aborted)}`).sort(), ['GET 499 true', 'POST 499 true', 'POST 499 true', 'POST 499 true'],
+    'one line each, 499 aborted: none of them was answered')
+  const text = await metrics.text()
+  t.equal(total(text, 'cos_auth_proxy_requests_total'), 4, 'one requests_total sample each')
+  t.equal(total(text, 'cos_auth_proxy_requests_aborted_total'), 4, 'each counted as aborted')
+  t.equal(total(text, 'cos_auth_proxy_in_flight_requests'), 0, 'in-flight back at 0')
+  t.equal(proxy.logs.records.filter(r => r.level === 50).length, 0, 'no error logged')
+})
+
+t.test('a request whose client left before it was forwarded is not sent, and is logged and counted once as 499', async t => {
+  const metrics = new ProxyMetrics({ defaultMetrics: false })
+  const up = await startCountingUpstream()
+  const config = testConfig({ COS_API_URL: up.url })
+  const pair = await readPair(config.credentials, config.tokenEncoding)
+  if (!pair.ok) throw new Error(pair.problem)
+  const logs = new LogCapture()
+  const app = await buildProxyServer({ config, credentials: new CredentialStore(pair.minter), logger: createLogger('info', logs), observer: metricsObserver(metrics) })
+  // Held before the handler (as a slow hook would hold them) until their client has gone.
+  let gone: () => void = () => undefined
+  const clientGone = new Promise<void>(resolve => { gone = resolve })
+  let held = 0
+  app.addHook('preHandler', async () => { held++; await clientGone })
+  await app.listen({ host: '127.0.0.1', port: 0 })
+  t.teardown(async () => { gone(); await app.close(); await up.close() })
+  const socket = connect((app.server.address() as AddressInfo).port, '127.0.0.1')
+  socket.on('error', () => undefined)
+  await new Promise(resolve => socket.once('connect', resolve))
+  socket.write(GET('/first') + POST('/second', 'two'))
+  t.ok(await until(() => held === 2), 'both requests are held')
+  socket.destroy()
+  await new Promise(resolve => socket.once('close', resolve))
+  await new Promise(resolve => setTimeout(resolve, 50))
+  gone()
+  const lines = await waitForLines(logs, 2)
+  t.same(lines.map(l => `${String(l.method)} ${String(l.status)}`).sort(), ['GET 499', 'POST 499'], 'both logged once, 499')
+  await new Promise(resolve => setTimeout(resolve, 100))
+  t.same(up.seen, [], 'neither was sent upstream')
+  const text = await metrics.text()
+  t.equal(total(text, 'cos_auth_proxy_requests_total'), 2)
+  t.equal(total(text, 'cos_auth_proxy_in_flight_requests'), 0, 'in-flight back at 0')
+  t.equal(total(text, 'cos_auth_proxy_tokens_minted_total'), 0, 'no token minted for them')
 })
