@@ -4,7 +4,8 @@
 import type { AddressInfo } from 'node:net'
 import type { FastifyInstance } from 'fastify'
 import type { Logger } from 'pino'
-import { buildAdminServer, listenWithAdmin, type BoundListeners, type Readiness } from './admin/admin.js'
+import { buildAdminServer, type Readiness } from './admin/admin.js'
+import { listenWithAdmin, type BoundListeners } from './admin/listeners.js'
 import { isLoopbackAddress } from './client/browser-checks.js'
 import type { Config } from './config/config.js'
 import { CredentialWatcher } from './credentials/credential-watcher.js'
@@ -117,7 +118,7 @@ export async function serve (opts: ServeOptions): Promise<void> {
   }
   const stop = stopOnce(logger, drainProxy)
   const admin = buildAdminServer({ metrics, readiness, onQuit: () => { stop('quitquitquit') }, logger, limits: { maxConnections: config.admin.maxConnections } })
-  const { address, fields } = await listenWithAdmin(app, config.listen, admin, config.admin)
+  const { address, fields } = await listenWithAdmin(app, config.listen, admin, config.admin, { listen: 'COS_LISTEN_PORT', admin: 'COS_ADMIN_PORT' })
   listening = true
 
   process.on('SIGTERM', () => { stop('SIGTERM') })

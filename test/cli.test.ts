@@ -1,4 +1,8 @@
 // The CLI as users run it: the bundle that ships (dist/cos-auth-proxy.mjs) in a child process.
+import { chmodSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs'
+import { createServer, type AddressInfo } from 'node:net'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
 import t from 'tap'
 import { CREDS, run, start } from './support/cli-process.js'
 import { ACCESS_KEY, SECRET, json, send, startUpstream } from './support/helpers.js'
@@ -99,6 +103,42 @@ t.test('a bad config exits 78 with one line naming the variable', async t => {
     t.equal(r.stdout, '')
     t.notOk(r.stderr.includes(SECRET))
   }
+})
+
+t.test('ports in use: exit 78, one line naming COS_LISTEN_PORT and COS_ADMIN_PORT, both checked', async t => {
+  const busy = await Promise.all([0, 1].map(async () => {
+    const server = createServer()
+    await new Promise<void>(resolve => server.listen(0, '127.0.0.1', resolve))
+    t.teardown(() => { server.close() })
+    return (server.address() as AddressInfo).port
+  }))
+  const [listen = 0, admin = 0] = busy
+  const r = await run(['serve'], { ...CREDS, COS_API_URL: 'http://127.0.0.1:1', COS_LISTEN_PORT: String(listen), COS_ADMIN_PORT: String(admin) })
+  t.equal(r.code, 78, r.stderr)
+  t.equal(r.stderr.split('\n').filter(l => l !== '').length, 1, 'one line')
+  t.match(r.stderr, new RegExp(`^cos-auth-proxy: config: COS_ADMIN_PORT ${String(admin)} on 127\\.0\\.0\\.1 is already in use .*\\(EADDRINUSE\\); COS_LISTEN_PORT ${String(listen)} on 127\\.0\\.0\\.1 is already in use .*: set each to a free port`))
+  const one = await run(['serve'], { ...CREDS, COS_API_URL: 'http://127.0.0.1:1', COS_LISTEN_PORT: String(listen) })
+  t.equal(one.code, 78)
+  t.match(one.stderr, /^cos-auth-proxy: config: COS_LISTEN_PORT \d+ on 127\.0\.0\.1 is already in use .*: set it to a free port/, 'only the busy one named')
+  t.notMatch(one.stderr, /COS_ADMIN_PORT/)
+})
+
+t.test('an unreadable key file: exit 78 naming the variable, the file\'s owner and mode, the user the process runs as, and the fix', async t => {
+  const dir = mkdtempSync(join(tmpdir(), 'cos-perm-'))
+  t.teardown(() => { rmSync(dir, { recursive: true, force: true }) })
+  chmodSync(dir, 0o755)
+  const secret = join(dir, 'access-key-secret')
+  writeFileSync(secret, SECRET, { mode: 0o600 })
+  // Root reads any file: run as the image's user instead; anyone else gets a file it may not read.
+  const asRoot = process.getuid?.() === 0
+  if (!asRoot) chmodSync(secret, 0o000)
+  const r = await run(['token'], { COS_ACCESS_KEY: ACCESS_KEY, COS_ACCESS_KEY_SECRET_FILE: secret }, asRoot ? { uid: 65532, gid: 65532 } : undefined)
+  t.equal(r.code, 78, r.stderr)
+  t.equal(r.stderr.split('\n').filter(l => l !== '').length, 1, 'one line')
+  t.match(r.stderr, /^cos-auth-proxy: config: COS_ACCESS_KEY_SECRET_FILE cannot read ".*access-key-secret" \(EACCES\): the file is owned by uid \d+ gid \d+ with mode 0[0-7]{3}, and this process runs as uid \d+ gid \d+/)
+  if (asRoot) t.match(r.stderr, /owned by uid 0 gid 0 with mode 0600, and this process runs as uid 65532 gid 65532/)
+  t.match(r.stderr, /defaultMode.*fsGroup/, 'the fix, for Kubernetes')
+  t.notOk(r.stderr.includes(SECRET))
 })
 
 t.test('usage errors exit 64', async t => {

@@ -1,6 +1,5 @@
 // The admin listener: probes, metrics and the drain trigger. A Fastify
 // instance of its own, so it never shares the proxy's port, hooks or logs.
-import type { AddressInfo } from 'node:net'
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify'
 import { fromWebPage } from '../client/browser-checks.js'
 import { reapIdleConnections } from '../client/connections.js'
@@ -177,29 +176,3 @@ function registerAdminRoutes (app: FastifyInstance, opts: AdminOptions): void {
     }
   })
 }
-
-/** Where both listeners of a process are bound, as the start line logs it. */
-export interface BoundListeners {
-  readonly address: AddressInfo
-  readonly adminAddress: AddressInfo
-  /** address, port and admin { address, port }: the start line's common fields. */
-  readonly fields: { readonly address: string, readonly port: number, readonly admin: { readonly address: string, readonly port: number } }
-}
-
-/**
- * Starts the admin listener, then the main one, so probes answer before
- * traffic arrives; used by `serve` and `inject` alike.
- */
-export async function listenWithAdmin (app: FastifyInstance, listen: ListenAt, admin: FastifyInstance, adminListen: ListenAt): Promise<BoundListeners> {
-  await admin.listen({ host: adminListen.host, port: adminListen.port })
-  await app.listen({ host: listen.host, port: listen.port })
-  const address = app.server.address() as AddressInfo
-  const adminAddress = admin.server.address() as AddressInfo
-  return {
-    address,
-    adminAddress,
-    fields: { address: address.address, port: address.port, admin: { address: adminAddress.address, port: adminAddress.port } },
-  }
-}
-
-interface ListenAt { readonly host: string, readonly port: number }

@@ -7,7 +7,7 @@
 //  - at most bound + 1 bytes are ever read, however large the file is or grows.
 // The sync and async readers differ only in their system calls; the checks
 // and the buffer are shared.
-import { closeSync, constants, fstatSync, openSync, readSync, type Stats } from 'node:fs'
+import { closeSync, constants, fstatSync, openSync, readSync, statSync, type Stats } from 'node:fs'
 import { open } from 'node:fs/promises'
 
 /** Why a file was refused unread; a fixed set, fit for a metric label. */
@@ -42,7 +42,26 @@ function tooLarge (path: string, maxBytes: number): FileRead {
 
 function unreadable (path: string, err: unknown): FileRead {
   // The error code only: a message could quote file contents in odd cases.
-  return { ok: false, problem: `cannot read ${JSON.stringify(path)} (${(err as NodeJS.ErrnoException).code ?? 'error'})` }
+  const code = (err as NodeJS.ErrnoException).code ?? 'error'
+  return { ok: false, problem: `cannot read ${JSON.stringify(path)} (${code})${code === 'EACCES' ? permissionHint(path) : ''}` }
+}
+
+/**
+ * Who may not read what, and the fix: the file's owner and mode against the
+ * user this process runs as (65532 in the image, which is not root). Read
+ * only on a refusal; stat follows the symlinks a Secret volume is made of.
+ */
+export function permissionHint (path: string): string {
+  let file = ''
+  try {
+    const s = statSync(path)
+    file = ` is owned by uid ${String(s.uid)} gid ${String(s.gid)} with mode ${(s.mode & 0o777).toString(8).padStart(4, '0')}, and`
+  } catch {
+    // A directory on the way is closed to us: the process's identity still helps.
+  }
+  const gids = process.getgroups?.() ?? []
+  const user = process.getuid === undefined ? 'this user' : `uid ${String(process.getuid())} gid ${String(process.getgid?.())}${gids.length > 0 ? ` (groups ${gids.join(',')})` : ''}`
+  return `: the file${file} this process runs as ${user}; make it readable to that user or group (Kubernetes: the Secret volume's defaultMode, e.g. 0440, with the pod's securityContext.fsGroup; elsewhere chmod/chown)`
 }
 
 /**

@@ -4,7 +4,8 @@
 // endpoint), stop accepting, give reviews in flight COS_SHUTDOWN_TIMEOUT_MS.
 import type { AddressInfo } from 'node:net'
 import type { Logger } from 'pino'
-import { buildAdminServer, listenWithAdmin, type Readiness } from '../admin/admin.js'
+import { buildAdminServer, type Readiness } from '../admin/admin.js'
+import { listenWithAdmin } from '../admin/listeners.js'
 import { drain } from '../admin/drain.js'
 import { createLogger, inLogFormat, stdoutDestination } from '../observability/logger.js'
 import { loadInjectConfig, type InjectConfig } from './config.js'
@@ -53,7 +54,7 @@ export async function startWebhook (config: InjectConfig, logger: Logger, progra
     return stopping
   }
   const admin = buildAdminServer({ metrics, readiness, onQuit: () => { void stop('quitquitquit') }, logger, limits: { maxConnections: config.admin.maxConnections } })
-  const { address, adminAddress, fields } = await listenWithAdmin(app, config.listen, admin, config.admin)
+  const { address, adminAddress, fields } = await listenWithAdmin(app, config.listen, admin, config.admin, { listen: 'COS_INJECT_PORT', admin: 'COS_ADMIN_PORT' })
   listening = true
   const current = settings()
   logger.info({

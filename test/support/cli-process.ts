@@ -23,9 +23,12 @@ function childEnv (env: Record<string, string>): NodeJS.ProcessEnv {
 
 export interface Result { code: number | null, stdout: string, stderr: string }
 
-export function run (args: string[], env: Record<string, string>): Promise<Result> {
+/** Runs a command to its end; `as` runs it as another user (root only; from `/`, which holds no .env). */
+export function run (args: string[], env: Record<string, string>, as?: { uid: number, gid: number }): Promise<Result> {
   return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [CLI, ...args], { cwd: CWD, env: childEnv(env), stdio: ['ignore', 'pipe', 'pipe'] })
+    // As another user, without the NODE_OPTIONS tap's process-info hook adds: its loader would write to .tap/ as that user.
+    const [command, argv] = as === undefined ? [process.execPath, [CLI, ...args]] : ['env', ['-u', 'NODE_OPTIONS', process.execPath, CLI, ...args]]
+    const child = spawn(command, argv, { cwd: as === undefined ? CWD : '/', env: childEnv(env), stdio: ['ignore', 'pipe', 'pipe'], ...as })
     let stdout = ''
     let stderr = ''
     child.stdout.on('data', (d: Buffer) => { stdout += d.toString() })
