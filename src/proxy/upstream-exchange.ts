@@ -113,9 +113,18 @@ export class UpstreamExchange implements Dispatcher.DispatchHandler, Abortable {
     this.#stream?.destroy()
   }
 
+  /**
+   * undici is about to write the request on a connection. When its client
+   * left while it waited in the pool's queue, it is failed by throwing, not
+   * by controller.abort(): that abort is for a request on the wire and
+   * destroys the connection with it (a fresh one, a TLS handshake, for the
+   * next request). A throw from here fails the request before a byte is
+   * written (undici's writeH1 catches it and hands it to onResponseError),
+   * and the connection goes on to the next request in the queue.
+   */
   onRequestStart (controller: Controller): void {
+    if (this.#gone !== undefined) throw this.#gone
     this.#controller = controller
-    if (this.#gone !== undefined) controller.abort(this.#gone)
   }
 
   onResponseStart (controller: Controller, statusCode: number, headers: IncomingHttpHeaders): void {

@@ -1,0 +1,100 @@
+// Clients that leave while their requests wait in the upstream pool's queue
+// (every upstream connection busy, COS_UPSTREAM_MAX_CONNECTIONS reached):
+// their requests are dropped from the queue without touching a socket, so
+// they cost the upstream nothing, not even a fresh connection each (with
+// https:// that would be a TLS handshake each).
+import { connect, createServer, type Socket } from 'node:net'
+import t from 'tap'
+import { CredentialStore, readPair } from '../../src/credentials/credentials.js'
+import { createLogger } from '../../src/observability/logger.js'
+import { buildProxyServer, upstreamsFor } from '../../src/proxy/proxy-server.js'
+import type { SwappableDispatcher } from '../../src/upstream/upstream.js'
+import { LogCapture, listenOnLoopback, send, testConfig, until } from '../support/helpers.js'
+
+interface CountingServer {
+  readonly url: string
+  /** TCP connections accepted so far. */
+  readonly accepted: () => number
+  /** Request heads read so far, by path. */
+  readonly heads: string[]
+  /** Answers every request held so far (`/busy`), keep-alive. */
+  release: () => void
+  close: () => Promise<void>
+}
+
+const OK = 'HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 2\r\n\r\nok'
+
+/** An upstream that answers at once, except `/busy`, held until release(); counts the connections it accepts. */
+async function countingServer (): Promise<CountingServer> {
+  const sockets = new Set<Socket>()
+  const held: Socket[] = []
+  const heads: string[] = []
+  let accepted = 0
+  const server = createServer(socket => {
+    accepted++
+    sockets.add(socket)
+    socket.on('close', () => sockets.delete(socket))
+    socket.on('error', () => undefined)
+    let pending = ''
+    socket.on('data', (chunk: Buffer) => {
+      pending += chunk.toString('latin1')
+      for (let end = pending.indexOf('\r\n\r\n'); end >= 0; end = pending.indexOf('\r\n\r\n')) {
+        const path = pending.slice(0, end).split(' ', 2)[1] ?? ''
+        pending = pending.slice(end + 4)
+        heads.push(path)
+        if (path === '/busy') held.push(socket)
+        else socket.write(OK)
+      }
+    })
+  })
+  const port = await listenOnLoopback(server)
+  return {
+    url: `http://127.0.0.1:${port}`,
+    accepted: () => accepted,
+    heads,
+    release: () => { for (const s of held.splice(0)) s.write(OK) },
+    close: () => new Promise(resolve => { for (const s of sockets) s.destroy(); server.close(() => resolve()) }),
+  }
+}
+
+/** A raw client that sends one request and keeps its connection until destroyed. */
+async function client (port: number, path: string): Promise<Socket> {
+  const socket = connect(port, '127.0.0.1')
+  socket.on('error', () => undefined)
+  await new Promise(resolve => socket.once('connect', resolve))
+  socket.write(`GET ${path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n`)
+  return socket
+}
+
+t.test('abandoned requests queued in the pool open no new upstream connection: 50 dropped from the queue with COS_UPSTREAM_MAX_CONNECTIONS=2 held busy', async t => {
+  const up = await countingServer()
+  const config = testConfig({ COS_API_URL: up.url, COS_UPSTREAM_MAX_CONNECTIONS: '2' })
+  const pair = await readPair(config.credentials, config.tokenEncoding)
+  if (!pair.ok) throw new Error(pair.problem)
+  const logs = new LogCapture()
+  const logger = createLogger('info', logs)
+  const upstreams = upstreamsFor(config, logger)
+  const app = await buildProxyServer({ config, credentials: new CredentialStore(pair.minter), logger, upstreams })
+  await app.listen({ host: '127.0.0.1', port: 0 })
+  const address = app.server.address()
+  if (address === null || typeof address === 'string') throw new Error('no port')
+  const clients: Socket[] = []
+  t.teardown(async () => { for (const c of clients) c.destroy(); up.release(); await app.close(); await up.close() })
+  const pool = upstreams.dispatcherFor(new URL(up.url).origin) as SwappableDispatcher
+  const queued = (): number => pool.stats?.pending ?? -1
+
+  clients.push(await client(address.port, '/busy'), await client(address.port, '/busy'))
+  t.ok(await until(() => up.heads.length === 2), 'two requests hold both upstream connections')
+  const abandoned = await Promise.all(Array.from({ length: 50 }, () => client(address.port, '/queued')))
+  clients.push(...abandoned)
+  t.ok(await until(() => queued() === 50, 3000), `50 requests wait in the pool's queue (${queued()})`)
+  for (const c of abandoned) c.destroy()
+  t.ok(await until(() => logs.records.filter(r => r.msg === 'request' && r.status === 499).length === 50, 3000), 'the 50 are logged as 499 once their clients are gone')
+
+  up.release()
+  t.ok(await until(() => pool.stats?.pending === 0 && pool.stats.running === 0, 3000), 'the queue empties')
+  const res = await send(`http://127.0.0.1:${address.port}/after`)
+  t.equal(res.status, 200, 'the next request is answered')
+  t.equal(up.accepted(), 2, 'the upstream accepted no connection beyond the two it had')
+  t.same(up.heads.filter(p => p === '/queued'), [], 'no abandoned request reached the upstream')
+})
