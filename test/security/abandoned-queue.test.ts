@@ -8,7 +8,6 @@ import t from 'tap'
 import { CredentialStore, readPair } from '../../src/credentials/credentials.js'
 import { createLogger } from '../../src/observability/logger.js'
 import { buildProxyServer, upstreamsFor } from '../../src/proxy/proxy-server.js'
-import type { SwappableDispatcher } from '../../src/upstream/upstream.js'
 import { LogCapture, listenOnLoopback, send, testConfig, until } from '../support/helpers.js'
 
 interface CountingServer {
@@ -80,7 +79,7 @@ t.test('abandoned requests queued in the pool open no new upstream connection: 5
   if (address === null || typeof address === 'string') throw new Error('no port')
   const clients: Socket[] = []
   t.teardown(async () => { for (const c of clients) c.destroy(); up.release(); await app.close(); await up.close() })
-  const pool = upstreams.dispatcherFor(new URL(up.url).origin) as SwappableDispatcher
+  const pool = upstreams.dispatcherFor(new URL(up.url).origin)
   const queued = (): number => pool.stats?.pending ?? -1
 
   clients.push(await client(address.port, '/busy'), await client(address.port, '/busy'))
