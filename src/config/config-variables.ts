@@ -56,6 +56,12 @@ export const VARIABLES = {
   COS_TOKEN_ENCODING: { type: 'string', default: 'url', enum: TOKEN_ENCODINGS, expect: `must be one of ${TOKEN_ENCODINGS.join(', ')}` },
   // JSON Schema's boolean, as env-schema coerces it: exactly "true" or "false".
   COS_CLOCK_SKEW_CORRECTION: { type: 'boolean', default: false, expect: 'must be true or false' },
+  // Twice the ±5 min window the mock API (and Kerberos) accept: the correction
+  // matters only beyond the upstream's window, and a correction of 10 min that
+  // ends leaves tokens at most 10 min ahead, refused for at most 5 (operations.md).
+  // Under 5 s nothing is ever corrected (2 s is the Date header's noise); a
+  // day is more than any clock to correct rather than to fix.
+  COS_CLOCK_SKEW_MAX_SECONDS: { type: 'integer', default: 600, minimum: 5, maximum: 86_400, expect: 'must be a whole number of seconds 5-86400' },
   COS_UPSTREAM_TIMEOUT_MS: { ...TIMEOUT, default: 30_000 },
   COS_CONNECT_TIMEOUT_MS: { ...TIMEOUT, default: 5_000 },
   // Unbounded, undici opens one socket per concurrent request, up to
@@ -111,6 +117,18 @@ export function jsonSchema (): object {
     properties[name] = Object.fromEntries(Object.entries({ type, default: def, enum: values, minimum, maximum }).filter(([, v]) => v !== undefined))
   }
   return { type: 'object', properties }
+}
+
+/**
+ * What the schema lets through but no integer setting means: ajv coerces
+ * "Infinity" to a number and passes it (COS_LISTEN_PORT=Infinity loaded).
+ */
+export function checkIntegers (raw: Raw, data: Record<string, string>): void {
+  for (const [name, spec] of Object.entries(VARIABLES) as [VariableName, VarSpec][]) {
+    if (spec.type === 'integer' && !Number.isSafeInteger(raw[name])) {
+      throw new ConfigError(name, `${spec.expect}${spec.secret === true || data[name] === undefined ? '' : ` (got ${JSON.stringify(data[name])})`}`)
+    }
+  }
 }
 
 interface AjvError { instancePath?: string, params?: { missingProperty?: string } }

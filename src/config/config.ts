@@ -4,7 +4,7 @@
 import { readFileSync } from 'node:fs'
 import { parseEnv } from 'node:util'
 import envSchema from 'env-schema'
-import { ConfigError, VARIABLES, jsonSchema, schemaError, type LogFormat, type LogLevel, type Raw } from './config-variables.js'
+import { ConfigError, VARIABLES, checkIntegers, jsonSchema, schemaError, type LogFormat, type LogLevel, type Raw } from './config-variables.js'
 import { allowedHost, allowedOrigin, cidrList, credentialSource, egress, hostname, list, methodsNeedTheirRoute, overlaps, requiredHeader, route, tlsFiles, withMethods, type CredentialSource, type Egress, type Needs, type TlsFiles } from './config-values.js'
 import type { Route } from './route.js'
 import type { TokenEncoding } from '../token/token.js'
@@ -61,6 +61,8 @@ export interface Config {
   readonly egress: Egress
   /** Shift minted timestamps by the upstream clock's measured offset (COS_CLOCK_SKEW_CORRECTION). */
   readonly clockSkewCorrection: boolean
+  /** The largest skew the correction follows, either way; a Date further off is refused (COS_CLOCK_SKEW_MAX_SECONDS). */
+  readonly clockSkewMaxSeconds: number
 }
 
 export interface LoadOptions {
@@ -95,6 +97,7 @@ export function loadConfig (opts: LoadOptions = {}): Config {
   } catch (err) {
     throw schemaError(err, data)
   }
+  checkIntegers(raw, data)
   return Object.freeze(build(raw, opts.needs ?? 'all'))
 }
 
@@ -169,6 +172,7 @@ function build (raw: Raw, needs: Needs): Config {
     // Only serving connects upstream: a stray proxy variable must not stop `token` or `verify`.
     egress: needs === 'all' ? egress(raw) : { noProxy: [] },
     clockSkewCorrection: raw.COS_CLOCK_SKEW_CORRECTION,
+    clockSkewMaxSeconds: raw.COS_CLOCK_SKEW_MAX_SECONDS,
   }
 }
 

@@ -40,6 +40,8 @@ export interface RefusalFacts {
   readonly skewSeconds: number | undefined
   readonly skewed: boolean
   readonly correcting: boolean
+  /** COS_CLOCK_SKEW_MAX_SECONDS: the correction does not follow a skew beyond it. */
+  readonly maxCorrectionS?: number
   readonly warnAfterS: number
   readonly reread: ReloadOutcome | undefined
   readonly fromFiles: boolean
@@ -57,9 +59,13 @@ function clockState (f: RefusalFacts): string {
 /** The likeliest cause first, and what to do about it. */
 export function refusalHint (f: RefusalFacts): string {
   const key = `access key ${f.accessKey ?? '(none)'}`
-  if (f.skewed && !f.correcting && f.skewSeconds !== undefined) {
+  const beyond = f.correcting && f.maxCorrectionS !== undefined && f.skewSeconds !== undefined && Math.abs(f.skewSeconds) > f.maxCorrectionS
+  if (f.skewed && (!f.correcting || beyond) && f.skewSeconds !== undefined) {
     const s = Math.round(f.skewSeconds)
-    return `the upstream's clock is ${Math.abs(s)} s ${s > 0 ? 'ahead of' : 'behind'} this node's, so token timestamps fall outside its window: fix the node's clock (NTP), or set COS_CLOCK_SKEW_CORRECTION=true`
+    const clock = `the upstream's clock is ${Math.abs(s)} s ${s > 0 ? 'ahead of' : 'behind'} this node's`
+    return beyond
+      ? `${clock}, beyond the COS_CLOCK_SKEW_MAX_SECONDS (${f.maxCorrectionS ?? 0} s) the correction follows, so token timestamps fall outside its window: fix the node's clock (NTP), or raise COS_CLOCK_SKEW_MAX_SECONDS if the upstream's clock is the right one`
+      : `${clock}, so token timestamps fall outside its window: fix the node's clock (NTP), or set COS_CLOCK_SKEW_CORRECTION=true`
   }
   const r = f.reread
   if (r?.result === 'applied') {
@@ -130,6 +136,7 @@ export class AuthRefusals {
       skewSeconds: skew,
       skewed: clock.skewed,
       correcting: clock.correcting,
+      maxCorrectionS: clock.maxCorrectionS,
       warnAfterS: clock.warnAfterS,
       reread: outcome,
       fromFiles: this.#opts.reread !== undefined,

@@ -191,6 +191,7 @@ function diagnose (app: FastifyInstance, opts: ProxyServerOptions, upstreams: Up
     ...thresholds,
     logger,
     correct: config.clockSkewCorrection,
+    maxCorrectionS: config.clockSkewMaxSeconds,
     ...(opts.mintingClock === undefined ? {} : { clock: opts.mintingClock }),
     onMeasured: seconds => { observer?.upstreamClockSkew?.(seconds) },
   })

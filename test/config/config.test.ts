@@ -136,6 +136,26 @@ t.test('COS_CLOCK_SKEW_CORRECTION is a boolean: exactly true or false, anything 
   }
 })
 
+t.test('COS_CLOCK_SKEW_MAX_SECONDS: 600 by default, whole seconds 5-86400, anything else stops at load naming it', async t => {
+  t.equal(load(base).clockSkewMaxSeconds, 600, 'twice the ±5 min window the mock API accepts')
+  t.equal(load({ ...base, COS_CLOCK_SKEW_MAX_SECONDS: '5' }).clockSkewMaxSeconds, 5)
+  t.equal(load({ ...base, COS_CLOCK_SKEW_MAX_SECONDS: '86400' }).clockSkewMaxSeconds, 86_400)
+  t.equal(load({ ...base, COS_CLOCK_SKEW_MAX_SECONDS: '' }).clockSkewMaxSeconds, 600, 'empty is unset')
+  for (const value of ['4', '0', '-600', '86401', '600.5', '10m', 'Infinity']) {
+    const err = errorOf({ ...base, COS_CLOCK_SKEW_MAX_SECONDS: value })
+    t.equal(err.variable, 'COS_CLOCK_SKEW_MAX_SECONDS', err.message)
+    t.equal(err.message, `COS_CLOCK_SKEW_MAX_SECONDS must be a whole number of seconds 5-86400 (got ${JSON.stringify(value)})`)
+  }
+})
+
+t.test('"Infinity" is no whole number: every integer setting refuses it, naming the variable', async t => {
+  for (const name of ['COS_LISTEN_PORT', 'COS_UPSTREAM_TIMEOUT_MS', 'COS_MAX_BODY_BYTES', 'COS_CLOCK_SKEW_MAX_SECONDS']) {
+    const err = errorOf({ ...base, [name]: 'Infinity' })
+    t.equal(err.variable, name, err.message)
+    t.match(err.message, /\(got "Infinity"\)$/)
+  }
+})
+
 t.test('settings that contradict each other stop at load with one line naming both variables', async t => {
   const cases: [Record<string, string>, string, RegExp][] = [
     // Node's HTTP server would throw a RangeError at start-up (headersTimeout must be <= requestTimeout).
