@@ -27,7 +27,10 @@ export interface MintingClock {
    * Whole milliseconds added to the local clock in every timestamp (so
    * whole nanoseconds too). A change takes effect at the next timestamp;
    * one that goes back holds timestamps at 1 ns steps until the shifted time
-   * catches up, as a wall clock stepped back does.
+   * catches up, as a wall clock stepped back does. Of the ways back that
+   * never repeat a timestamp the quickest (a slew takes longer at any rate);
+   * upstream-clock.ts keeps the offset within COS_CLOCK_SKEW_MAX_SECONDS, so
+   * no hold leaves timestamps further ahead of the local clock than that.
    */
   offsetMs: number
   /**
