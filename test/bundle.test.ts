@@ -1,7 +1,7 @@
 // What ships: dist/cos-auth-proxy.mjs, one file, run as the image runs it
 // (no node_modules beside it), and started by `npm start` exactly as the
 // image starts it.
-import { execFile, spawn } from 'node:child_process'
+import { execFile } from 'node:child_process'
 import { copyFileSync, mkdtempSync, readFileSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join, posix } from 'node:path'
@@ -12,6 +12,7 @@ import { imageBuild, imageCommand, scriptIndex } from '../bench/image.js'
 import { describeConfig, loadConfig } from '../src/config/config.js'
 import { DOT_SEGMENTS, DOTTED_NAMES } from './support/dotted-paths.js'
 import { ACCESS_KEY, SECRET, startUpstream } from './support/helpers.js'
+import { spawnNode } from './support/node-child.js'
 import { errorOf, get, rawRequest } from './support/raw.js'
 import { CLI, startSidecar } from './support/sidecar.js'
 
@@ -171,7 +172,7 @@ const DIST_CLI = join(ROOT, 'dist', 'cli.js')
 async function loaded (t: Test, args: string[], until?: RegExp): Promise<string[]> {
   const dir = tempDir(t, 'cos-loaded-')
   const log = join(dir, 'loaded.txt')
-  const child = spawn(process.execPath, ['--import', `data:text/javascript,${encodeURIComponent(PRELOAD)}`, DIST_CLI, ...args], {
+  const child = spawnNode(['--import', `data:text/javascript,${encodeURIComponent(PRELOAD)}`, DIST_CLI, ...args], {
     cwd: dir,
     env: { PATH: process.env.PATH, COS_TEST_LOADED: log, COS_ACCESS_KEY: ACCESS_KEY, COS_ACCESS_KEY_SECRET: SECRET, COS_MANAGEMENT_API_URL: 'http://127.0.0.1:1/m', COS_OPTIMIZE_API_URL: 'http://127.0.0.1:1/o', COS_LISTEN_PORT: '0', COS_ADMIN_PORT: '0', COS_MOCK_HOST: '127.0.0.1' },
   })

@@ -1,12 +1,15 @@
 // The CLI as users run it: the bundle that ships (dist/cos-auth-proxy.mjs) in a child process.
-import { chmodSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs'
+import { spawn } from 'node:child_process'
+import { chmodSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { createServer, type AddressInfo } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
+import { fileURLToPath } from 'node:url'
 import t from 'tap'
 import { CREDS, run, start } from './support/cli-process.js'
 import { ACCESS_KEY, SECRET, json, send, startUpstream } from './support/helpers.js'
 
+const ROOT = fileURLToPath(new URL('..', import.meta.url))
 const VECTOR = { args: ['--timestamp', '1700000000000000000', '--nonce', '0123456789abcdef0123456789abcdef'], env: { COS_ACCESS_KEY: 'AKIDEXAMPLE', COS_ACCESS_KEY_SECRET: 'wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY' } }
 
 t.test('token prints the spec vector, encoded or raw', async t => {
@@ -217,3 +220,25 @@ t.test('demo needs no configuration and serves the sample routes through the pro
   t.ok(lines.some(l => /INFO {2}request .*status=200/.test(l)), 'a person reads the demo: pretty lines by default')
   t.notOk(lines.some(l => l.startsWith('{')), 'no JSON lines')
 })
+
+t.test('a test killed outright leaves no CLI child behind (test/support/node-child.ts)', { skip: process.platform === 'linux' ? false : 'setpriv --pdeathsig is Linux only' }, async t => {
+  // A stand-in for a test file that tap's timeout kills: it starts a child as the tests do, then is SIGKILLed.
+  const script = `import('./test/support/node-child.ts').then(m => { const c = m.spawnNode(['-e', 'setInterval(() => {}, 1000)']); console.log(c.pid) })`
+  const parent = spawn(process.execPath, ['--import', 'tsx', '-e', script], { cwd: ROOT, stdio: ['ignore', 'pipe', 'inherit'] })
+  t.teardown(() => { parent.kill('SIGKILL') })
+  const pid = await new Promise<number>(resolve => parent.stdout.once('data', (d: Buffer) => { resolve(Number(d.toString().trim())) }))
+  t.ok(running(pid), `the child ${String(pid)} runs`)
+  parent.kill('SIGKILL')
+  for (let i = 0; i < 100 && running(pid); i++) await new Promise(resolve => setTimeout(resolve, 50))
+  if (running(pid)) process.kill(pid, 'SIGKILL')
+  t.notOk(running(pid), 'the child is gone within 5 s of its parent')
+})
+
+/** Alive and not a zombie waiting for a reaper (/proc/<pid>/stat's state). */
+function running (pid: number): boolean {
+  try {
+    return !/^\d+ \(.*\) Z/.test(readFileSync(`/proc/${String(pid)}/stat`, 'utf8'))
+  } catch {
+    return false
+  }
+}

@@ -1,6 +1,6 @@
 // The sidecar's life as Kubernetes drives it, against the built CLI in a child
 // process: probes, a Secret mounted late, drain on SIGTERM, /quitquitquit, wait.
-import { execFileSync, spawn } from 'node:child_process'
+import { execFileSync } from 'node:child_process'
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import { Agent, request as httpRequest } from 'node:http'
 import { connect } from 'node:net'
@@ -10,6 +10,7 @@ import { setTimeout as sleep } from 'node:timers/promises'
 import t from 'tap'
 import { json, send, stallingUpstream, startUpstream, streamForever, type SimpleResponse } from './support/helpers.js'
 import { CLI, startSidecar as startSidecarIn, until, writeKeyPair } from './support/sidecar.js'
+import { spawnNode } from './support/node-child.js'
 import { TRAILER_PROBES, answerDeclaringTrailers, rawRequest, startRawUpstream } from './support/raw.js'
 
 const CWD = mkdtempSync(join(tmpdir(), 'cos-life-'))
@@ -220,13 +221,13 @@ t.test('POST /quitquitquit drains like SIGTERM; wait exits 0 once ready and 1 on
   t.teardown(async () => { s.child.kill('SIGKILL'); await up.close() })
   const adminPort = new URL(s.admin).port
 
-  const wait = spawn(process.execPath, [CLI, 'wait', '--timeout', '5'], { cwd: CWD, env: { PATH: process.env.PATH, COS_ADMIN_PORT: adminPort } })
+  const wait = spawnNode([CLI, 'wait', '--timeout', '5'], { cwd: CWD, env: { PATH: process.env.PATH, COS_ADMIN_PORT: adminPort } })
   t.equal(await new Promise(resolve => wait.on('close', resolve)), 0, 'wait: ready')
 
   t.equal((await send(`${s.admin}/quitquitquit`, { method: 'POST' })).status, 202)
   t.equal((await s.exited).code, 0)
 
-  const waitFail = spawn(process.execPath, [CLI, 'wait', '--timeout', '1'], { cwd: CWD, env: { PATH: process.env.PATH, COS_ADMIN_PORT: adminPort } })
+  const waitFail = spawnNode([CLI, 'wait', '--timeout', '1'], { cwd: CWD, env: { PATH: process.env.PATH, COS_ADMIN_PORT: adminPort } })
   let err = ''
   waitFail.stderr.on('data', (d: Buffer) => { err += d.toString() })
   t.equal(await new Promise(resolve => waitFail.on('close', resolve)), 1, 'wait: nothing ready')

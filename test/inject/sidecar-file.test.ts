@@ -4,7 +4,7 @@
 // way the kubelet swaps a ConfigMap volume (re-read; a bad one is refused and
 // the previous definition kept), a bad file at start (exit 78), and
 // `inject --print` running the same code on a pod from stdin.
-import { spawn } from 'node:child_process'
+
 import { mkdirSync, mkdtempSync, renameSync, rmSync, symlinkSync, writeFileSync } from 'node:fs'
 import { request as httpsRequest } from 'node:https'
 import { tmpdir } from 'node:os'
@@ -13,6 +13,7 @@ import { setTimeout as sleep } from 'node:timers/promises'
 import t from 'tap'
 import { CLI, run, start } from '../support/cli-process.js'
 import { makePki } from '../support/tls-fixtures.js'
+import { spawnNode } from '../support/node-child.js'
 import { answerReview } from '../../src/inject/patch.js'
 import { applyResponsePatch, fixtureAppPod, fixtureSettings, fixtureSidecarFile, podReview } from './pods.js'
 
@@ -129,7 +130,7 @@ t.test('a bad sidecar file at start is exit 78 with one line naming COS_INJECT_S
 
 function print (input: string, extraEnv: Record<string, string>): Promise<{ code: number | null, stdout: string, stderr: string }> {
   return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [CLI, 'inject', '--print'], { cwd: dir, env: { PATH: process.env.PATH, ...extraEnv } })
+    const child = spawnNode([CLI, 'inject', '--print'], { cwd: dir, env: { PATH: process.env.PATH, ...extraEnv } })
     let stdout = ''
     let stderr = ''
     child.stdout.on('data', (d: Buffer) => { stdout += d.toString() })

@@ -1,13 +1,14 @@
 // The CLI that ships (the bundle, dist/cos-auth-proxy.mjs) run as a child
 // process, as users and the image run it, with only the environment a test
 // gives it.
-import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process'
+import type { ChildProcessWithoutNullStreams } from 'node:child_process'
 import { mkdtempSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import t from 'tap'
 import { ACCESS_KEY, SECRET } from './helpers.js'
+import { spawnNode } from './node-child.js'
 
 export const CLI = fileURLToPath(new URL('../../dist/cos-auth-proxy.mjs', import.meta.url))
 // An empty working directory, so no stray .env is read.
@@ -26,9 +27,8 @@ export interface Result { code: number | null, stdout: string, stderr: string }
 /** Runs a command to its end; `as` runs it as another user (root only; from `/`, which holds no .env). */
 export function run (args: string[], env: Record<string, string>, as?: { uid: number, gid: number }): Promise<Result> {
   return new Promise((resolve, reject) => {
-    // As another user, without the NODE_OPTIONS tap's process-info hook adds: its loader would write to .tap/ as that user.
-    const [command, argv] = as === undefined ? [process.execPath, [CLI, ...args]] : ['env', ['-u', 'NODE_OPTIONS', process.execPath, CLI, ...args]]
-    const child = spawn(command, argv, { cwd: as === undefined ? CWD : '/', env: childEnv(env), stdio: ['ignore', 'pipe', 'pipe'], ...as })
+    const child = spawnNode([CLI, ...args], { cwd: as === undefined ? CWD : '/', env: childEnv(env), ...as })
+    child.stdin.end()
     let stdout = ''
     let stderr = ''
     child.stdout.on('data', (d: Buffer) => { stdout += d.toString() })
@@ -43,7 +43,7 @@ export interface Daemon { child: ChildProcessWithoutNullStreams, stdout: () => s
 
 /** Starts a long-running command and waits until `ready` matches its output. */
 export async function start (args: string[], env: Record<string, string>, ready: RegExp): Promise<{ daemon: Daemon, match: RegExpMatchArray }> {
-  const child = spawn(process.execPath, [CLI, ...args], { cwd: CWD, env: childEnv(env) })
+  const child = spawnNode([CLI, ...args], { cwd: CWD, env: childEnv(env) })
   let out = ''
   let err = ''
   const exited = new Promise<number | null>(resolve => child.on('close', code => resolve(code)))

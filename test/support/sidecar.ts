@@ -5,6 +5,7 @@ import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process'
 import { writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
+import { nodeArgv, spawnNode, track } from './node-child.js'
 
 export const CLI = fileURLToPath(new URL('../../dist/cos-auth-proxy.mjs', import.meta.url))
 
@@ -28,9 +29,10 @@ export interface SidecarOptions {
 
 function spawnServe (env: NodeJS.ProcessEnv, opts: SidecarOptions): ChildProcessWithoutNullStreams {
   const cli = opts.cli ?? CLI
-  if (opts.fdLimit === undefined) return spawn(process.execPath, [cli, 'serve'], { cwd: opts.cwd, env })
+  if (opts.fdLimit === undefined) return spawnNode([cli, 'serve'], { cwd: opts.cwd, env })
   // exec: the shell is replaced by node, so signals and /proc/<pid> are node's.
-  return spawn('/bin/sh', ['-c', `ulimit -n ${opts.fdLimit} && exec "$0" "$@"`, process.execPath, cli, 'serve'], { cwd: opts.cwd, env })
+  const [first = '', ...rest] = nodeArgv([cli, 'serve'])
+  return track(spawn('/bin/sh', ['-c', `ulimit -n ${opts.fdLimit} && exec "$0" "$@"`, first, ...rest], { cwd: opts.cwd, env }))
 }
 
 export async function startSidecar (env: Record<string, string>, opts: SidecarOptions): Promise<Sidecar> {
