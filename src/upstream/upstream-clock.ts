@@ -143,11 +143,6 @@ export class UpstreamClock {
     return this.#maxMs / 1000
   }
 
-  /** Whether minted timestamps can follow the last measured skew: the correction is on and the skew within its bound. */
-  get following (): boolean {
-    return this.correcting && this.#skewMs !== undefined && Math.abs(this.#skewMs) <= this.#maxMs
-  }
-
   /** Upstream time minus local time from the last measurement, in seconds; undefined before the first. */
   get skewSeconds (): number | undefined {
     return this.#skewMs === undefined ? undefined : this.#skewMs / 1000

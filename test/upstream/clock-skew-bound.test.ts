@@ -138,7 +138,7 @@ t.test('UpstreamClock with the correction on', async t => {
     t.ok(Math.abs(ahead()) < 0.01, `back on this node's clock (${ahead()} s)`)
   })
 
-  t.test('a step of the node\'s clock moves the samples held for agreement as it moves the offset: NTP fixing the node does not bring the old offset back', async t => {
+  t.test('a step of the node\'s clock, taken out of the offset, is not undone by the samples held from before it: NTP fixing the node does not bring the old offset back', async t => {
     const { time, advance, minting, answer } = driven({ maxCorrectionS: 600 })
     for (let i = 0; i < 3; i++) { answer(300); advance(1000) }
     t.equal(minting.offsetMs, 300_250)
@@ -147,7 +147,7 @@ t.test('UpstreamClock with the correction on', async t => {
     minting.next()
     t.equal(minting.offsetMs, 250, 'the step is taken out of the offset at the re-anchor')
     for (let i = 0; i < 3; i++) { answer(0); advance(1000) }
-    t.equal(minting.offsetMs, 250, 'answers in step agree with the samples held, moved by the step: nothing to change')
+    t.equal(minting.offsetMs, 250, 'answers in step agree on what the offset already is; the three from before the step are outvoted')
   })
 
   t.test('with the correction off the bound changes nothing: every Date is measured and reported', async t => {
@@ -168,19 +168,26 @@ interface Token {
   readonly receivedAt: bigint
 }
 
-/** A real upstream whose Date header is `date.value` (Node's own when undefined), and a proxy with the correction on in front of it. */
-async function skewedPair (t: Test): Promise<{ date: { value: string | undefined }, logs: LogCapture, request: () => Promise<Token> }> {
-  const date: { value: string | undefined } = { value: undefined }
+interface DateHeader {
+  /** The header as it is; when undefined, the real time `aheadMs` on (Node's own Date when 0). */
+  value: string | undefined
+  aheadMs: number
+}
+
+/** A real upstream whose Date header `date` sets, and a proxy with the correction on in front of it. */
+async function skewedPair (t: Test, env: Record<string, string> = {}): Promise<{ date: DateHeader, logs: LogCapture, request: () => Promise<Token> }> {
+  const date: DateHeader = { value: undefined, aheadMs: 0 }
   const seen: { timestamp: bigint, receivedAt: bigint }[] = []
   const upstream = await startUpstream((req, res) => {
     const receivedAt = wallClockNs()
     const parsed = parseToken(req.headers.authorization ?? '')
     if (parsed.ok) seen.push({ timestamp: BigInt(parsed.fields.timestamp), receivedAt })
     if (date.value !== undefined) res.setHeader('date', date.value)
+    else if (date.aheadMs !== 0) res.setHeader('date', httpDate(Date.now() + date.aheadMs))
     res.end('{}')
   })
   t.teardown(() => upstream.close())
-  const config = testConfig({ COS_API_URL: upstream.url, COS_CLOCK_SKEW_CORRECTION: 'true' })
+  const config = testConfig({ COS_API_URL: upstream.url, COS_CLOCK_SKEW_CORRECTION: 'true', ...env })
   const mintingClock = createMintingClock()
   const minter = new HeaderMinter(ACCESS_KEY, secretKey(SECRET), config.tokenEncoding, mintingClock.next)
   const logs = new LogCapture()
@@ -242,3 +249,27 @@ for (const [year, bad] of [['2100', YEAR_2100], ['1970', YEAR_1970]] as const) {
     t.equal(refusals.length, 1, 'one warning for the five answers, not one each')
   })
 }
+
+t.test('a correction that ends (COS_CLOCK_SKEW_MAX_SECONDS=5, an upstream 4 s ahead put right): timestamps strictly increase, are never more than the bound ahead of real time, and are back on it once the bound has passed', async t => {
+  const { date, logs, request } = await skewedPair(t, { COS_CLOCK_SKEW_MAX_SECONDS: '5' })
+  date.aheadMs = 4000
+  const tokens: Token[] = []
+  for (let i = 0; i < 4; i++) tokens.push(await request())
+  const shifted = linesMatching(logs, 'info', /minted timestamps are shifted by \+/)
+  t.equal(shifted.length, 1, 'followed once three answers agree')
+  const offset = Number(shifted[0]?.clockOffsetSeconds)
+  t.ok(offset > 3 && offset <= 5, `by about 4 s (${offset} s)`)
+  const ahead = tokens.at(-1) as Token
+  t.ok(ahead.timestamp > ahead.receivedAt + 2000n * MS, 'the last token is on the upstream\'s clock')
+
+  date.aheadMs = 0
+  for (let i = 0; i < 4; i++) tokens.push(await request())
+  t.equal(linesMatching(logs, 'info', /no longer shifted; timestamps go on from the last one minted/).length, 1, 'the correction ends, and the line says timestamps are held')
+  const bound = 5000n * MS
+  t.same(tokens.filter(k => k.timestamp > k.receivedAt + bound + SLACK_NS || k.timestamp < k.sentAt - SLACK_NS).map(k => k.timestamp - k.receivedAt), [], 'never more than the bound ahead of real time, never behind it')
+  await sleep(5200) // the bound: no hold can outlast it
+  const after: Token[] = []
+  for (let i = 0; i < 3; i++) after.push(await request())
+  onRealTime(t, after, 'back on real time')
+  t.ok(strictlyIncreasing([...tokens, ...after].map(k => k.timestamp)), 'strictly increasing throughout')
+})
