@@ -9,6 +9,7 @@ import { fileURLToPath } from 'node:url'
 import t from 'tap'
 import { ACCESS_KEY, SECRET } from './helpers.js'
 import { spawnNode } from './node-child.js'
+import { scaled } from './time-scale.js'
 
 export const CLI = fileURLToPath(new URL('../../dist/cos-auth-proxy.mjs', import.meta.url))
 // An empty working directory, so no stray .env is read.
@@ -33,7 +34,7 @@ export function run (args: string[], env: Record<string, string>, as?: { uid: nu
     let stderr = ''
     child.stdout.on('data', (d: Buffer) => { stdout += d.toString() })
     child.stderr.on('data', (d: Buffer) => { stderr += d.toString() })
-    const timer = setTimeout(() => child.kill('SIGKILL'), 15_000)
+    const timer = setTimeout(() => child.kill('SIGKILL'), scaled(15_000))
     child.on('error', reject)
     child.on('close', code => { clearTimeout(timer); resolve({ code, stdout, stderr }) })
   })
@@ -49,7 +50,7 @@ export async function start (args: string[], env: Record<string, string>, ready:
   const exited = new Promise<number | null>(resolve => child.on('close', code => resolve(code)))
   const daemon = { child, stdout: () => out, stderr: () => err, exited }
   const match = await new Promise<RegExpMatchArray>((resolve, reject) => {
-    const timer = setTimeout(() => { child.kill('SIGKILL'); reject(new Error(`not ready: ${out}${err}`)) }, 15_000)
+    const timer = setTimeout(() => { child.kill('SIGKILL'); reject(new Error(`not ready: ${out}${err}`)) }, scaled(15_000))
     const check = (): void => {
       const m = (out + err).match(ready)
       if (m) { clearTimeout(timer); resolve(m) }

@@ -6,6 +6,7 @@ import { createServer as createNetServer, type AddressInfo, type Server as NetSe
 import { Writable } from 'node:stream'
 import { setTimeout as sleep } from 'node:timers/promises'
 import type { FastifyInstance } from 'fastify'
+import { scaled } from './time-scale.js'
 import { loadConfig, type Config } from '../../src/config/config.js'
 import { CredentialStore, readPair } from '../../src/credentials/credentials.js'
 import { createLogger } from '../../src/observability/logger.js'
@@ -200,9 +201,9 @@ export function streamForever (socket: Socket): void {
   socket.on('close', () => clearInterval(tick))
 }
 
-/** Polls `cond` until it holds or `ms` pass. */
+/** Polls `cond` until it holds or `ms` (scaled to the machine's load) pass. */
 export async function until (cond: () => boolean, ms = 2000): Promise<boolean> {
-  const deadline = Date.now() + ms
+  const deadline = Date.now() + scaled(ms)
   while (!cond()) {
     if (Date.now() > deadline) return false
     await sleep(10)

@@ -6,6 +6,7 @@ import { writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { nodeArgv, spawnNode, track } from './node-child.js'
+import { scaled } from './time-scale.js'
 
 export const CLI = fileURLToPath(new URL('../../dist/cos-auth-proxy.mjs', import.meta.url))
 
@@ -43,7 +44,7 @@ export async function startSidecar (env: Record<string, string>, opts: SidecarOp
   child.stderr.on('data', (d: Buffer) => { err += d.toString() })
   const exited = new Promise<{ code: number | null, ms: number }>(resolve => child.on('close', code => resolve({ code, ms: Date.now() - signalledAt })))
   const listening = await new Promise<Record<string, unknown>>((resolve, reject) => {
-    const timer = setTimeout(() => { child.kill('SIGKILL'); reject(new Error(`no listening line: ${out}${err}`)) }, 10_000)
+    const timer = setTimeout(() => { child.kill('SIGKILL'); reject(new Error(`no listening line: ${out}${err}`)) }, scaled(10_000))
     child.stdout.on('data', (d: Buffer) => {
       out += d.toString()
       const line = out.split('\n').find(l => l.includes('"cos-auth-proxy listening"'))
@@ -63,7 +64,7 @@ export async function startSidecar (env: Record<string, string>, opts: SidecarOp
 }
 
 export async function until (what: string, check: () => Promise<boolean>, ms = 5000): Promise<void> {
-  const deadline = Date.now() + ms
+  const deadline = Date.now() + scaled(ms)
   while (!(await check())) {
     if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`)
     await new Promise(resolve => setTimeout(resolve, 50))

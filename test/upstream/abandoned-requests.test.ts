@@ -10,9 +10,10 @@ import { RequestLog } from '../../src/observability/request-log.js'
 import { buildProxyServer, upstreamsFor } from '../../src/proxy/proxy-server.js'
 import type { SwappableDispatcher } from '../../src/upstream/upstream.js'
 import { LogCapture, send, stallingUpstream, streamForever, testConfig } from '../support/helpers.js'
+import { scaled } from '../support/time-scale.js'
 
 /** Well under any upstream timeout here (30 s): a close this soon was the abort. */
-const PROMPTLY_MS = 1000
+const PROMPTLY_MS = scaled(1000)
 
 /** The real proxy, with its upstream pool and metrics in reach. */
 async function startWatchedProxy (upstreamUrl: string, env: Record<string, string> = {}): Promise<{
