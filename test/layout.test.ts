@@ -13,8 +13,9 @@ const SRC = join(ROOT, 'src')
 const MAX_FILES = 10
 const MAX_LINES = 300
 // Test folders that are not one src/ folder's: attacks through a real proxy,
-// the operations docs against a real process, shared helpers, captured data.
-const CROSS_CUTTING_TESTS = new Set(['security', 'ops', 'support', 'fixtures'])
+// the operations docs against a real process, shared helpers, captured data,
+// the chart and the injector against a real API server (npm run test:kubernetes).
+const CROSS_CUTTING_TESTS = new Set(['security', 'ops', 'support', 'fixtures', 'kubernetes'])
 
 /** docs/development.md from "## Layout" to the next "## " heading. */
 function layoutSection (): string {

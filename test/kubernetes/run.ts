@@ -1,0 +1,92 @@
+// npm run test:kubernetes: the chart, the injector and injected pods against a
+// real kube-apiserver (+ etcd + kube-controller-manager) on 127.0.0.1, from
+// scripts/kube-control-plane.sh. Not part of `npm test` (tap runs
+// test/**/*.test.ts; nothing here is named so). Ends with "N passed, N failed".
+//
+// Without the built binaries it says how to build them and exits 2 (skipped,
+// never green). env: HELM (default: helm on PATH), COS_KUBE_* as the script
+// reads them, COS_KUBE_TIMEOUT_S (default 1200: the whole run).
+import { existsSync, mkdtempSync, rmSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { failures } from './failures.js'
+import { Helm } from './helm.js'
+import { injection } from './injection.js'
+import { installs } from './installs.js'
+import { Cluster, controlPlane, parseExports, run, SCRIPT, str } from './kube.js'
+import { section, summary } from './report.js'
+import { CLI } from './webhook.js'
+
+function skipped (why: string, how: string): never {
+  console.log(`kubernetes: SKIPPED: ${why}\n${how}`)
+  console.log('0 passed, 0 failed, 1 skipped')
+  process.exit(2)
+}
+
+async function main (): Promise<number> {
+  if (controlPlane('built').code !== 0) {
+    skipped(`no control plane binaries in the cache (${controlPlane('bin').stdout.trim()})`,
+      `build them once (about 25 min on 2 cores, Go >= 1.26 and the Go module proxy needed):\n  bash ${SCRIPT} build\nthen run npm run test:kubernetes again`)
+  }
+  const helmBin = process.env.HELM ?? 'helm'
+  if ((await run(helmBin, ['version', '--short'])).code !== 0) {
+    skipped(`no helm (${helmBin})`, 'install helm 3.8+ or 4, or set HELM=/path/to/helm (CI: HELM=$(../shared/tools/get-helm.sh))')
+  }
+  if (!existsSync(CLI)) skipped(`no ${CLI}`, 'run npm run build first')
+
+  const runDir = mkdtempSync(join(tmpdir(), 'cos-kube-run-'))
+  const env = { ...process.env, COS_KUBE_RUN: runDir }
+  let stopped = false
+  const stop = (): void => {
+    if (stopped) return
+    stopped = true
+    const r = controlPlane('stop', env)
+    if (r.stderr.trim() !== '') console.log(r.stderr.trim())
+    rmSync(runDir, { recursive: true, force: true })
+  }
+  for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP'] as const) {
+    process.on(signal, () => { console.log(`kubernetes: ${signal}: stopping the control plane`); stop(); process.exit(130) })
+  }
+  process.on('exit', stop)
+  const limit = Number(process.env.COS_KUBE_TIMEOUT_S ?? '1200')
+  const timer = setTimeout(() => {
+    console.log(`kubernetes: the whole run took over ${limit} s: stopping`)
+    console.log(`${summary().passed} passed, ${summary().failed + 1} failed`)
+    process.exit(1)
+  }, limit * 1000)
+  timer.unref()
+
+  const t0 = Date.now()
+  const started = controlPlane('start', env)
+  if (started.code !== 0) {
+    console.log(`${started.stdout}${started.stderr}`)
+    console.log('0 passed, 1 failed')
+    return 1
+  }
+  console.log(started.stdout.trim())
+  console.log(`# control plane started in ${((Date.now() - t0) / 1000).toFixed(1)} s`)
+  const c = new Cluster(parseExports(controlPlane('env', env).stdout))
+  const version = await c.read('/version')
+  console.log(`kubernetes: server ${str(version, 'gitVersion') ?? '?'} (${str(version, 'goVersion') ?? '?'}), etcd ${(await run(join(controlPlane('bin').stdout.trim(), 'etcd'), ['--version'])).stdout.split('\n')[0] ?? '?'}, helm ${(await run(helmBin, ['version', '--short'])).stdout.trim()}`)
+  const helm = new Helm(helmBin, c)
+  try {
+    const only = process.env.COS_KUBE_ONLY ?? 'installs,injection'
+    if (only.includes('injection')) await injection(c, helm, failures)
+    if (only.includes('installs')) await installs(c, helm)
+  } catch (err) {
+    await section('unexpected', () => Promise.reject(err instanceof Error ? err : new Error(String(err))))
+  } finally {
+    rmSync(helm.homeDir, { recursive: true, force: true })
+  }
+  const s = summary()
+  console.log(`# total ${((Date.now() - t0) / 1000).toFixed(1)} s`)
+  if (s.failures.length > 0) console.log(`failed:\n${s.failures.map(f => `  ${f}`).join('\n')}`)
+  console.log(`${s.passed} passed, ${s.failed} failed`)
+  return s.failed === 0 ? 0 : 1
+}
+
+main().then(code => { process.exitCode = code }, (err: unknown) => {
+  console.log(err instanceof Error ? err.stack : String(err))
+  console.log(`${summary().passed} passed, ${summary().failed + 1} failed`)
+  process.exitCode = 1
+})
