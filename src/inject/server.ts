@@ -22,8 +22,70 @@ export interface WebhookOptions {
   readonly certificateCheckMs?: number
 }
 
-// An AdmissionReview carries the whole Pod; etcd refuses objects over 1.5 MiB.
-const BODY_LIMIT = 4 * 1024 * 1024
+/**
+ * What no AdmissionReview of a Pod comes near, checked before JSON.parse
+ * (docs/kubernetes.md, The webhook). The API server refuses requests over
+ * 3 MiB and etcd objects over 1.5 MiB. A Pod nests about 20 deep at most
+ * (managedFields included), and even one made only of env variables with
+ * their managedFields entries spends 20 bytes on each object or array:
+ * 160,000 in 3 MiB. What JSON.parse costs is the objects it builds: nested
+ * arrays make one per 2 bytes (1.5 million in 3 MB: seconds of the event
+ * loop, most of it the garbage collector moving them), and the depth limit
+ * alone would not stop `[[],[],…]` (one per 3 bytes).
+ */
+export const REVIEW_LIMITS = { bodyBytes: 3 * 1024 * 1024, depth: 64, containers: 200_000 } as const
+
+const QUOTE = 0x22
+const BACKSLASH = 0x5c
+
+/**
+ * One linear pass over the bytes, strings skipped (UTF-8 continuation bytes
+ * are never a quote, backslash or bracket): the first limit the nesting or
+ * the number of objects and arrays exceeds, or undefined. Unbalanced or
+ * malformed text is JSON.parse's to refuse.
+ */
+export function jsonShapeProblem (body: Buffer, limits: { readonly depth: number, readonly containers: number } = REVIEW_LIMITS): string | undefined {
+  let depth = 0
+  let containers = 0
+  const n = body.length
+  for (let i = 0; i < n; i++) {
+    const c = body[i]
+    if (c === QUOTE) {
+      // To the closing quote: byte by byte for the first 32 (names, most values), then by
+      // indexOf for a quote preceded by an even number of backslashes.
+      let j = i + 1
+      const stop = Math.min(n, j + 32)
+      for (; j < stop; j++) {
+        const d = body[j]
+        if (d === BACKSLASH) j++
+        else if (d === QUOTE) break
+      }
+      if (j < stop) {
+        i = j
+        continue
+      }
+      i = j - 1
+      for (;;) {
+        i = body.indexOf(QUOTE, i + 1)
+        if (i < 0) return undefined
+        let k = i - 1
+        while (body[k] === BACKSLASH) k--
+        if ((i - k) % 2 === 1) break
+      }
+    } else if (c === 0x5b || c === 0x7b) {
+      if (++depth > limits.depth) return `the body nests arrays and objects deeper than ${limits.depth} levels; no AdmissionReview does (refused before parsing)`
+      if (++containers > limits.containers) return `the body holds more than ${limits.containers} objects and arrays; no AdmissionReview of a Pod does (refused before parsing)`
+    } else if (c === 0x5d || c === 0x7d) {
+      depth--
+    }
+  }
+  return undefined
+}
+
+/** A body refused before parsing: 400 malformed_review. */
+class RefusedBody extends Error {
+  readonly statusCode = 400
+}
 
 interface Pem { readonly cert: Buffer, readonly key: Buffer, readonly digest: string }
 
@@ -40,7 +102,10 @@ export async function buildWebhookServer (opts: WebhookOptions): Promise<Fastify
   const app = Fastify<HttpsServer>({
     https: { cert: first.cert, key: first.key, minVersion: 'TLSv1.2' },
     loggerInstance: opts.logger,
-    bodyLimit: BODY_LIMIT,
+    bodyLimit: REVIEW_LIMITS.bodyBytes,
+    // The API server gives up after the webhook's timeoutSeconds (30 at most):
+    // a body still arriving after that only holds memory.
+    requestTimeout: 30_000,
     // The /mutate handler logs what was decided; Fastify's own lines would only repeat it.
     logController: new (class extends LogController {
       override incomingRequest (): void { /* see above */ }
@@ -48,11 +113,37 @@ export async function buildWebhookServer (opts: WebhookOptions): Promise<Fastify
     })(),
   })
 
+  // JSON as Fastify parses it (secure-json-parse: no __proto__ or constructor.prototype
+  // keys), after the shape check: JSON.parse never sees a body that would make it build
+  // more than REVIEW_LIMITS allows.
+  const parseJson = app.getDefaultJsonParser('error', 'error')
+  app.addContentTypeParser('application/json', { parseAs: 'buffer' }, (request, body: Buffer, done) => {
+    const problem = jsonShapeProblem(body)
+    if (problem !== undefined) {
+      done(new RefusedBody(problem), undefined)
+      return
+    }
+    void parseJson(request, body.toString('utf8'), done)
+  })
+
   app.setErrorHandler((error: FastifyError, request, reply) => {
+    if (error instanceof RefusedBody) {
+      metrics.error('malformed')
+      request.log.warn({ problem: error.message }, 'malformed admission review')
+      sendError(reply, 400, 'malformed_review', error.message)
+      return
+    }
     const status = error.statusCode ?? 500
+    if (status === 413) {
+      metrics.error('malformed')
+      const message = `the body is over ${REVIEW_LIMITS.bodyBytes / 1024 / 1024} MiB (${REVIEW_LIMITS.bodyBytes} bytes), the API server's own limit on a request: no AdmissionReview is that large`
+      request.log.warn({ problem: message }, 'malformed admission review')
+      sendError(reply, 413, 'payload_too_large', message)
+      return
+    }
     if (status >= 400 && status < 500) {
       metrics.error('malformed')
-      sendError(reply, status, status === 413 ? 'payload_too_large' : 'bad_request', error.message)
+      sendError(reply, status, 'bad_request', error.message)
       return
     }
     metrics.error('internal')
@@ -78,7 +169,8 @@ export async function buildWebhookServer (opts: WebhookOptions): Promise<Fastify
     const { outcome, review } = answer
     metrics.outcome(outcome)
     const req = (request.body as { request: { namespace?: unknown, name?: unknown, dryRun?: unknown } }).request
-    const where = { uid: review.response.uid, namespace: req.namespace, name: req.name, dryRun: req.dryRun === true }
+    // Strings only (the logger caps their length): anything else in a review is the sender's, not a name.
+    const where = { uid: review.response.uid, namespace: stringOrNull(req.namespace), name: stringOrNull(req.name), dryRun: req.dryRun === true }
     if (outcome.kind === 'injected') request.log.info({ ...where, version: current.version }, 'sidecar injected')
     else if (outcome.kind === 'refused') request.log.warn({ ...where, annotation: outcome.annotation, problem: outcome.message }, 'pod refused: bad annotation')
     else request.log.debug({ ...where, reason: outcome.reason }, 'review skipped')
@@ -87,6 +179,10 @@ export async function buildWebhookServer (opts: WebhookOptions): Promise<Fastify
 
   watchCertificate(app, opts, first.digest)
   return app
+}
+
+function stringOrNull (v: unknown): string | null {
+  return typeof v === 'string' ? v : null
 }
 
 /** Polls the two files; a changed, valid pair becomes the context of the next TLS handshake. */
