@@ -1,10 +1,8 @@
 // helm against the test control plane: its own config, cache and data
 // directories (nothing of the user's), the kubeconfig of the run, bounded in time.
-import { mkdtempSync } from 'node:fs'
-import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { parseAllDocuments } from 'yaml'
-import { isObject, run, str, type Cluster, type Json, type Run } from './kube.js'
+import { isObject, run, scratch, str, type Cluster, type Json, type Run } from './kube.js'
 
 const CLUSTER_SCOPED = new Set(['MutatingWebhookConfiguration', 'ValidatingWebhookConfiguration', 'CustomResourceDefinition', 'Namespace', 'ClusterRole', 'ClusterRoleBinding', 'PriorityClass'])
 
@@ -25,7 +23,7 @@ export function parseYamlDocs (text: string): Json[] {
 }
 
 export class Helm {
-  private readonly home = mkdtempSync(join(tmpdir(), 'cos-kube-helm-'))
+  private readonly home = scratch('helm-')
   constructor (readonly bin: string, private readonly cluster: Cluster) {}
 
   get homeDir (): string { return this.home }

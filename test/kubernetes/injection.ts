@@ -5,11 +5,10 @@
 // the controller manager's ReplicaSets → Pod CREATE → AdmissionReview → the
 // stored Pods are compared with `inject --print`.
 import { execFileSync } from 'node:child_process'
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
-import { tmpdir } from 'node:os'
+import { readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import type { Helm } from './helm.js'
-import { get, isObject, list, ROOT, str, until, type Cluster, type Json } from './kube.js'
+import { get, isObject, list, ROOT, scratch, str, until, type Cluster, type Json } from './kube.js'
 import { contains, equal, ok, section } from './report.js'
 import { printInjected, Webhook, WebhookFiles } from './webhook.js'
 
@@ -190,7 +189,7 @@ async function notTwice (x: Context): Promise<void> {
 }
 
 export async function injection (c: Cluster, helm: Helm, rest: (x: Context) => Promise<void>): Promise<void> {
-  const dir = mkdtempSync(join(tmpdir(), 'cos-kube-inject-'))
+  const dir = scratch('inject-')
   const x: Context = { c, helm, dir, files: new WebhookFiles(dir), webhook: new Webhook({}), env: {}, version: '', port: 0 }
   const kill = (): void => { x.webhook.kill() }
   process.on('exit', kill)

@@ -1,8 +1,9 @@
 // The control plane of scripts/kube-control-plane.sh, and the two ways the suite
 // talks to it: its REST API over HTTPS with the admin client certificate (no
 // kubectl needed), and helm with the kubeconfig the script wrote.
-import { execFile, spawnSync } from 'node:child_process'
-import { readFileSync } from 'node:fs'
+import { execFile, spawnSync, type ChildProcess } from 'node:child_process'
+import { mkdtempSync, readFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
 import { request } from 'node:https'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
@@ -152,6 +153,21 @@ export class Cluster {
   }
 }
 
+let scratchBase = tmpdir()
+/** Temporary directories of the run go under the run directory, which stop() removes (on signals too). */
+export function setScratchBase (dir: string): void { scratchBase = dir }
+export function scratch (prefix: string): string { return mkdtempSync(join(scratchBase, prefix)) }
+
+/** Every child still running, killed by killChildren() when the suite is stopped. */
+const children = new Set<ChildProcess>()
+export function track (child: ChildProcess): void {
+  children.add(child)
+  child.on('close', () => children.delete(child))
+}
+export function killChildren (): void {
+  for (const child of children) if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL')
+}
+
 export interface Run { readonly code: number | null, readonly stdout: string, readonly stderr: string }
 
 /** A command with a bounded time; never throws for a non-zero exit. */
@@ -162,6 +178,7 @@ export function run (file: string, args: readonly string[], options: { env?: Nod
         const code = err === null ? 0 : typeof err.code === 'number' ? err.code : null
         resolve({ code, stdout, stderr: err !== null && code === null ? `${stderr}\n${err.message}` : stderr })
       })
+    track(child)
     if (options.input !== undefined) child.stdin?.end(options.input)
   })
 }

@@ -7,15 +7,35 @@
 // never green). env: HELM (default: helm on PATH), COS_KUBE_* as the script
 // reads them, COS_KUBE_TIMEOUT_S (default 1200: the whole run).
 import { existsSync, mkdtempSync, rmSync } from 'node:fs'
+import { createServer, type AddressInfo, type Server } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { failures } from './failures.js'
 import { Helm } from './helm.js'
 import { injection } from './injection.js'
 import { installs } from './installs.js'
-import { Cluster, controlPlane, parseExports, run, SCRIPT, str } from './kube.js'
+import { Cluster, controlPlane, killChildren, parseExports, run, SCRIPT, setScratchBase, str } from './kube.js'
 import { section, summary } from './report.js'
 import { CLI } from './webhook.js'
+
+/** A free port on 127.0.0.1 (with `pair`, one whose next port is free too: etcd's peer port). */
+async function freePort (pair = false): Promise<number> {
+  const listen = (port: number): Promise<Server | undefined> => new Promise(resolve => {
+    const server = createServer()
+    server.once('error', () => { resolve(undefined) })
+    server.listen(port, '127.0.0.1', () => { resolve(server) })
+  })
+  for (let i = 0; i < 20; i++) {
+    const first = await listen(0)
+    if (first === undefined) continue
+    const port = (first.address() as AddressInfo).port
+    const second = pair && port < 65535 ? await listen(port + 1) : undefined
+    await new Promise(resolve => first.close(resolve))
+    if (second !== undefined) await new Promise(resolve => second.close(resolve))
+    if (!pair || second !== undefined) return port
+  }
+  throw new Error('no free port on 127.0.0.1')
+}
 
 function skipped (why: string, how: string): never {
   console.log(`kubernetes: SKIPPED: ${why}\n${how}`)
@@ -35,17 +55,26 @@ async function main (): Promise<number> {
   if (!existsSync(CLI)) skipped(`no ${CLI}`, 'run npm run build first')
 
   const runDir = mkdtempSync(join(tmpdir(), 'cos-kube-run-'))
-  const env = { ...process.env, COS_KUBE_RUN: runDir }
+  // Ports the kernel has just handed out, so two runs on one machine do not meet.
+  const [apiPort, etcdPort, kcmPort] = [await freePort(), await freePort(true), await freePort()]
+  const env = { ...process.env, COS_KUBE_RUN: runDir, COS_KUBE_PORT: String(apiPort), COS_KUBE_ETCD_PORT: String(etcdPort), COS_KUBE_KCM_PORT: String(kcmPort) }
+  setScratchBase(runDir)
   let stopped = false
   const stop = (): void => {
     if (stopped) return
     stopped = true
+    killChildren()
     const r = controlPlane('stop', env)
     if (r.stderr.trim() !== '') console.log(r.stderr.trim())
     rmSync(runDir, { recursive: true, force: true })
   }
   for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP'] as const) {
-    process.on(signal, () => { console.log(`kubernetes: ${signal}: stopping the control plane`); stop(); process.exit(130) })
+    process.on(signal, () => {
+      console.log(`kubernetes: ${signal}: stopping the control plane`)
+      stop()
+      console.log(`${summary().passed} passed, ${summary().failed + 1} failed`)
+      process.exit(130)
+    })
   }
   process.on('exit', stop)
   const limit = Number(process.env.COS_KUBE_TIMEOUT_S ?? '1200')

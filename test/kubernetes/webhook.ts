@@ -5,7 +5,7 @@
 import { spawn, type ChildProcess } from 'node:child_process'
 import { mkdirSync, renameSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
-import { get, isObject, list, ROOT, run, str, until, type Cluster, type Json } from './kube.js'
+import { get, isObject, list, ROOT, run, str, track, until, type Cluster, type Json } from './kube.js'
 
 export const CLI = join(ROOT, 'dist', 'cos-auth-proxy.mjs')
 
@@ -84,6 +84,7 @@ export class Webhook {
     this.out = ''
     const child = spawn(process.execPath, [CLI, 'inject'], { env: { PATH: process.env.PATH, ...this.env }, stdio: ['ignore', 'pipe', 'pipe'] })
     this.child = child
+    track(child)
     this.exited = new Promise(resolve => child.on('close', code => resolve(code)))
     child.stdout.on('data', (d: Buffer) => { this.out += d.toString() })
     child.stderr.on('data', (d: Buffer) => { this.out += d.toString() })
