@@ -40,6 +40,10 @@ export function answerUpstreamFailure ({ upstreams, observer, maxBodyBytes }: Fa
     if (hasErrorCode(error, UPSTREAM_ABORTED)) return
     // The head of an upstream answer that then failed was copied: none of it belongs on this error.
     if (reply.request.upstreamMs >= 0) dropCopiedHeaders(reply)
+    // Answered while the client is still uploading: the rest of its body
+    // will not be read, so the connection cannot carry another request.
+    // Said, rather than a keep-alive the reset that follows would belie.
+    if (!reply.request.raw.complete) reply.header('connection', 'close')
     if (hasErrorCode(error, BODY_TOO_LARGE)) {
       sendError(reply, 413, 'payload_too_large', `request bodies are limited to ${maxBodyBytes} bytes (COS_MAX_BODY_BYTES)`)
       return

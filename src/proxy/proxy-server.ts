@@ -152,6 +152,7 @@ export async function buildProxyServer (opts: ProxyServerOptions): Promise<Fasti
     upstreams,
     ...(config.requireHeader === undefined ? {} : { dropHeader: config.requireHeader.name }),
     maxBodyBytes: config.maxBodyBytes,
+    upstreamTimeoutMs: config.upstreamTimeoutMs,
     ...(opts.observer === undefined ? {} : { observer: opts.observer }),
     ...(opts.resyncCredentials === undefined ? {} : { resyncCredentials: opts.resyncCredentials }),
     clock,

@@ -63,6 +63,8 @@ export interface ProxyOptions {
   readonly clock?: UpstreamClock
   /** An upstream answered 401 or 403 (rate-limited diagnosis; never on the request's time). */
   readonly authRefused?: (route: RouteName, status: RefusalStatus) => void
+  /** COS_UPSTREAM_TIMEOUT_MS, which interim (1xx) answers do not extend (undici's own timer restarts on each). */
+  readonly upstreamTimeoutMs?: number
 }
 
 type PreHandler = ReturnType<typeof limitBodyTo>
@@ -90,6 +92,7 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
       clock: opts.clock,
       authRefused: opts.authRefused,
       fail,
+      headersTimeoutMs: opts.upstreamTimeoutMs,
     }
     await fastify.register(httpProxy, routeOptions(route, limitBody, forwardTo(exchange, opts.dropHeader)))
   }

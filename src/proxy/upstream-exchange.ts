@@ -13,7 +13,7 @@ import type { Socket } from 'node:net'
 import { performance } from 'node:perf_hooks'
 import { Readable } from 'node:stream'
 import type { FastifyReply, FastifyRequest } from 'fastify'
-import type { Dispatcher } from 'undici'
+import { errors, type Dispatcher } from 'undici'
 import type { RefusalStatus } from './auth-refusals.js'
 import type { RouteName } from '../config/config.js'
 import type { CredentialStore } from '../credentials/credentials.js'
@@ -27,6 +27,16 @@ type Controller = Dispatcher.DispatchController
 
 /** Bodies up to this size, of a declared length, are collected and sent with the head in one write. */
 const SMALL_BODY_BYTES = 16 * 1024
+
+/**
+ * A 401 about to be retried is read to its end, so that its connection is
+ * reused, only while it stays this small and this quick: past either bound
+ * (a hostile or broken upstream) that connection is dropped instead and the
+ * request sent again on another.
+ */
+const DRAIN_MAX_BYTES = 16 * 1024
+const DRAIN_MAX_MS = 1000
+const DRAIN_ABANDONED: Error = Object.assign(new errors.RequestAbortedError('the 401 answer to be retried was too long or too slow to read'), { stack: 'AbortError: 401 not drained' })
 
 /** What the exchange reports; the metrics registry implements it. */
 export interface ExchangeObserver {
@@ -48,9 +58,13 @@ export interface ExchangeRoute {
   readonly authRefused?: ((route: RouteName, status: RefusalStatus) => void) | undefined
   /** Answers a failed exchange (forward-response.ts: 502/504/413, or nothing for a client gone). */
   readonly fail: (reply: FastifyReply, error: Error) => void
+  /** COS_UPSTREAM_TIMEOUT_MS: interim answers (1xx) do not put off the final one past it. */
+  readonly headersTimeoutMs?: number | undefined
 }
 
-const enum Stage { Waiting, Retrying, HeadOnly, Collecting, Streaming, Done }
+// Retrying: a 401 read to its end before the request is sent again;
+// Redialing: that 401's connection dropped instead (DRAIN_MAX_*).
+const enum Stage { Waiting, Retrying, Redialing, HeadOnly, Collecting, Streaming, Done }
 
 /** A body streamed to the client, filled by the exchange, with undici paused while the client is slow. */
 class UpstreamBody extends Readable {
@@ -79,6 +93,7 @@ export class UpstreamExchange implements Dispatcher.DispatchHandler, Abortable {
   #body: Buffer | undefined
   #filled = 0
   #stream: UpstreamBody | undefined
+  #drainTimer: NodeJS.Timeout | undefined
 
   constructor (route: ExchangeRoute, request: FastifyRequest, reply: FastifyReply, options: Dispatcher.DispatchOptions & { headers: IncomingHttpHeaders }) {
     this.#route = route
@@ -131,10 +146,23 @@ export class UpstreamExchange implements Dispatcher.DispatchHandler, Abortable {
     const now = performance.now()
     const route = this.#route
     const request = this.#request
+    if (statusCode < 200 && statusCode !== 101) {
+      // An interim answer (102 Processing, 103 Early Hints, …; undici fails a
+      // bare 100 itself): the final one follows on the same exchange. Skipped,
+      // as reply-from did: not forwarded (docs/routing.md says why), not
+      // counted as an answer. undici restarts its headers timer on each, so a
+      // stream of them would hold the request forever: past the timeout from
+      // sending, the next one ends it as a headers timeout (504).
+      if (now - request.upstreamStart > (route.headersTimeoutMs ?? Infinity)) controller.abort(new errors.HeadersTimeoutError('interim answers only, no final answer within the upstream timeout'))
+      return
+    }
     if (statusCode === 401 && this.#attempt === 0 && retriesAfterUnauthorized(route, this.#options.headers.authorization ?? '', this.#bodyless())) {
       // The 401 is read to its end (its connection stays reusable) and the request sent again.
       this.#stage = Stage.Retrying
       route.observer?.retried(route.name, 'unauthorized')
+      const length = headers['content-length']
+      if (typeof length === 'string' && !(Number(length) <= DRAIN_MAX_BYTES)) this.#redial(controller)
+      else this.#drainTimer = setTimeout(() => { this.#redial(controller) }, DRAIN_MAX_MS)
       return
     }
     request.upstreamMs = now - request.upstreamStart
@@ -181,6 +209,9 @@ export class UpstreamExchange implements Dispatcher.DispatchHandler, Abortable {
       this.#filled += chunk.copy(this.#body as Buffer, this.#filled)
     } else if (this.#stage === Stage.Streaming) {
       if (!(this.#stream as UpstreamBody).push(chunk)) controller.pause()
+    } else if (this.#stage === Stage.Retrying) {
+      this.#filled += chunk.length
+      if (this.#filled > DRAIN_MAX_BYTES) this.#redial(controller)
     }
   }
 
@@ -188,6 +219,7 @@ export class UpstreamExchange implements Dispatcher.DispatchHandler, Abortable {
     const stage = this.#stage
     this.#stage = Stage.Done
     if (stage === Stage.Retrying) {
+      clearTimeout(this.#drainTimer)
       this.#retry()
       return
     }
@@ -204,6 +236,12 @@ export class UpstreamExchange implements Dispatcher.DispatchHandler, Abortable {
   onResponseError (_controller: Controller, error: Error): void {
     const stage = this.#stage
     this.#stage = Stage.Done
+    if (stage === Stage.Redialing) {
+      // The 401's connection, dropped by #redial: the request goes again on another, on the next turn.
+      setImmediate(() => { this.#retry() })
+      return
+    }
+    if (stage === Stage.Retrying) clearTimeout(this.#drainTimer)
     if (stage === Stage.Done) {
       // undici hands here what the exchange's own callbacks threw after it
       // ended: a fault of the proxy's, which fails this request alone.
@@ -229,10 +267,19 @@ export class UpstreamExchange implements Dispatcher.DispatchHandler, Abortable {
     this.#route.fail(this.#reply, error)
   }
 
+  /** Gives up reading the 401 to be retried (DRAIN_MAX_*): its connection is dropped, and onResponseError retries. */
+  #redial (controller: Controller): void {
+    if (this.#stage !== Stage.Retrying) return
+    this.#stage = Stage.Redialing
+    clearTimeout(this.#drainTimer)
+    controller.abort(DRAIN_ABANDONED)
+  }
+
   #retry (): void {
     this.#attempt++
     this.#stage = Stage.Waiting
     this.#controller = undefined
+    this.#filled = 0
     if (this.#gone === undefined) this.#send()
     else this.#finish()
   }
