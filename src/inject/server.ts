@@ -82,6 +82,32 @@ export function jsonShapeProblem (body: Buffer, limits: { readonly depth: number
   return undefined
 }
 
+/** Most reviews are a few KiB; a Pod with large annotations or many env variables can reach 1 MiB. */
+const LARGE_BODY = 256 * 1024
+
+/** Jobs run one per turn of the event loop (setImmediate), in order. */
+class TurnQueue {
+  readonly #jobs: (() => void)[] = []
+  #scheduled = false
+
+  push (job: () => void): void {
+    this.#jobs.push(job)
+    if (!this.#scheduled) this.#next()
+  }
+
+  #next (): void {
+    this.#scheduled = true
+    setImmediate(() => {
+      try {
+        this.#jobs.shift()?.()
+      } finally {
+        if (this.#jobs.length > 0) this.#next()
+        else this.#scheduled = false
+      }
+    })
+  }
+}
+
 /** A body refused before parsing: 400 malformed_review. */
 class RefusedBody extends Error {
   readonly statusCode = 400
@@ -116,14 +142,21 @@ export async function buildWebhookServer (opts: WebhookOptions): Promise<Fastify
   // JSON as Fastify parses it (secure-json-parse: no __proto__ or constructor.prototype
   // keys), after the shape check: JSON.parse never sees a body that would make it build
   // more than REVIEW_LIMITS allows.
+  // A body over LARGE_BODY waits its turn: one per turn of the event loop, so a
+  // review of ordinary size is never parsed behind more than one large body.
   const parseJson = app.getDefaultJsonParser('error', 'error')
+  const large = new TurnQueue()
   app.addContentTypeParser('application/json', { parseAs: 'buffer' }, (request, body: Buffer, done) => {
-    const problem = jsonShapeProblem(body)
-    if (problem !== undefined) {
-      done(new RefusedBody(problem), undefined)
-      return
+    const parse = (): void => {
+      const problem = jsonShapeProblem(body)
+      if (problem !== undefined) {
+        done(new RefusedBody(problem), undefined)
+        return
+      }
+      void parseJson(request, body.toString('utf8'), done)
     }
-    void parseJson(request, body.toString('utf8'), done)
+    if (body.length > LARGE_BODY) large.push(parse)
+    else parse()
   })
 
   app.setErrorHandler((error: FastifyError, request, reply) => {
