@@ -5,6 +5,7 @@
 import { uninstall } from './installs.js'
 import { INJECT, INJECTED, MWC, NAME, NS, pointAtLocal, RELEASE, samePodAsPrinted, startWebhook, upgrade, WEBHOOK, type Context } from './injection.js'
 import { get, list, str, until, type Json } from './kube.js'
+import { reinvoked } from './reinvocation.js'
 import { equal, ok, section } from './report.js'
 import { printInjected } from './webhook.js'
 
@@ -25,6 +26,25 @@ export function notInjected (pods: readonly Json[]): string[] {
   return pods.filter(p => str(p, 'metadata', 'annotations', INJECT) === 'true' &&
     ![...list(p, 'spec', 'initContainers'), ...list(p, 'spec', 'containers')].some(k => k.name === 'cos-auth-proxy'))
     .map(p => `${str(p, 'metadata', 'namespace') ?? ''}/${str(p, 'metadata', 'name') ?? ''}`)
+}
+
+async function hung (x: Context): Promise<void> {
+  const timeout = Number(get(await x.c.read(MWC), 'webhooks', 0, 'timeoutSeconds'))
+  x.webhook.pause()
+  try {
+    const t0 = Date.now()
+    const r = await x.c.call('POST', '/api/v1/namespaces/apps/pods', pod('hung'))
+    const seconds = (Date.now() - t0) / 1000
+    const message = str(r.body, 'message') ?? r.text
+    ok(r.status >= 400 && message.includes(`failed calling webhook "${WEBHOOK}"`), `a webhook that never answers: refused (${r.status}), naming the webhook`, message)
+    // The chart's timeoutSeconds, not the API server's 30 s request timeout (margin for a busy machine).
+    ok(seconds >= timeout - 0.5 && seconds < timeout + 20, `after the chart's timeoutSeconds (${timeout} s): ${seconds.toFixed(1)} s`)
+    console.log(`    (${message.slice(0, 300)})`)
+  } finally {
+    x.webhook.resume()
+  }
+  await pointAtLocal(x)
+  ok(true, 'resumed, it injects again')
 }
 
 async function failClosed (x: Context): Promise<void> {
@@ -101,6 +121,8 @@ async function uninstalled (x: Context): Promise<void> {
 }
 
 export async function failures (x: Context): Promise<void> {
+  await section('injector: reinvoked after another webhook, it changes nothing', () => reinvoked(x))
+  await section('failure: webhook hung, failurePolicy Fail', () => hung(x))
   await section('failure: webhook down, failurePolicy Fail', () => failClosed(x))
   await section('failure: webhook down, failurePolicy Ignore (visible)', () => failOpenVisibly(x))
   await section('failure: the sidecar ConfigMap changed', () => newDefinition(x))

@@ -31,6 +31,8 @@ export interface Context {
   env: Record<string, string>
   version: string
   port: number
+  adminPort: number
+  readonly mwcName: string
 }
 
 /** A CA and a serving certificate for 127.0.0.1 and the Service's name, in the Secret the chart would make. */
@@ -81,6 +83,7 @@ export async function upgrade (x: Context, set: readonly string[]): Promise<void
 export async function startWebhook (x: Context): Promise<void> {
   const l = await x.webhook.start()
   x.port = l.port
+  x.adminPort = l.adminPort
   x.version = l.version
 }
 
@@ -190,7 +193,7 @@ async function notTwice (x: Context): Promise<void> {
 
 export async function injection (c: Cluster, helm: Helm, rest: (x: Context) => Promise<void>): Promise<void> {
   const dir = scratch('inject-')
-  const x: Context = { c, helm, dir, files: new WebhookFiles(dir), webhook: new Webhook({}), env: {}, version: '', port: 0 }
+  const x: Context = { c, helm, dir, files: new WebhookFiles(dir), webhook: new Webhook({}), env: {}, version: '', port: 0, adminPort: 0, mwcName: NAME }
   const kill = (): void => { x.webhook.kill() }
   process.on('exit', kill)
   try {

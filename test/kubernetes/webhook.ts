@@ -106,9 +106,16 @@ export class Webhook {
     return code
   }
 
+  /** SIGSTOP / SIGCONT: a webhook that accepts connections (the kernel does) and never answers. */
+  pause (): void { this.child?.kill('SIGSTOP') }
+  resume (): void { this.child?.kill('SIGCONT') }
+
   /** Teardown and signals: no waiting. */
   kill (): void {
-    if (this.child !== undefined && this.child.exitCode === null && this.child.signalCode === null) this.child.kill('SIGKILL')
+    if (this.child !== undefined && this.child.exitCode === null && this.child.signalCode === null) {
+      this.child.kill('SIGCONT')
+      this.child.kill('SIGKILL')
+    }
   }
 }
 
