@@ -1,8 +1,8 @@
 // Where a steady rate's slow requests come from.
 //
-//   npm run bench:tail -- [--node <path>] [--node-args="<flags>"] [--rate 1000] [--seconds 8] [--rounds 2] [--targets proxy,proxy-warn,floor] [--env NAME=value]
+//   npm run bench:tail -- [--node <path>] [--node-args="<flags>"] [--rate 1000] [--seconds 8] [--rounds 2] [--targets proxy,proxy-all,floor] [--env NAME=value]
 //
-// Each server (the proxy at info or warn, the floor) runs with
+// Each server (the proxy at the image's defaults or with COS_ACCESS_LOG=all, the floor) runs with
 // bench/stall-recorder.mjs preloaded: its collections (PerformanceObserver
 // 'gc') and event-loop stalls (a 2 ms timer chain coming late), with wall
 // clock times. The paced load (as in bench/run.ts) records each request's
@@ -35,7 +35,7 @@ const { values } = parseArgs({
     seconds: { type: 'string', default: '8' },
     rounds: { type: 'string', default: '2' },
     slow: { type: 'string', default: '5' },
-    targets: { type: 'string', default: 'proxy,proxy-warn,floor' },
+    targets: { type: 'string', default: 'proxy,proxy-all,floor' },
   },
 })
 useNode(values.node)
@@ -112,7 +112,7 @@ async function main (): Promise<void> {
         const env = { ...parseEnv(values.env), STALL_OUT: out }
         const server: Server = target === 'floor'
           ? await startFloor(upstream.url, pin.sut, nodeArgs, env)
-          : await startProxy({ upstreamUrl: upstream.url, logLevel: target === 'proxy-warn' ? 'warn' : 'info', logFile: join(scratch.path, `${target}.log`), cwd: scratch.path, core: pin.sut, nodeArgs, env })
+          : await startProxy({ upstreamUrl: upstream.url, logLevel: 'info', logFile: join(scratch.path, `${target}.log`), cwd: scratch.path, core: pin.sut, nodeArgs, env: target === 'proxy-all' ? { ...env, COS_ACCESS_LOG: 'all' } : env })
         await runLoad({ url: server.url + SMALL_PATH, connections: 32, duration: 1.5 })
         await paced(server.url + SMALL_PATH) // warm at the rate itself
         await awaitQuiet(0.1, 15_000, m.clockTicks)

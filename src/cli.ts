@@ -176,7 +176,7 @@ const commands: Record<string, (args: string[]) => Promise<void>> = {
     // Only where to listen and how to log come from the environment; credentials never do.
     const ambient = loadConfig({
       needs: 'credentials',
-      // A person watches the demo: readable lines unless COS_LOG_FORMAT says otherwise.
+      // A person watches the demo: readable lines (and, below, one for every request) unless the environment says otherwise.
       env: { COS_LOG_FORMAT: 'pretty', ...pick(process.env, DEMO_AMBIENT), COS_ACCESS_KEY: accessKey, COS_ACCESS_KEY_SECRET: secret },
     })
     const [{ createLogger, inLogFormat, stdoutDestination }, { buildMockApi }, { serve }, { secretKey }] = await Promise.all([import('./observability/logger.js'), import('./mock-api/mock-api.js'), import('./server.js'), import('./token/token.js')])
@@ -187,6 +187,7 @@ const commands: Record<string, (args: string[]) => Promise<void>> = {
     const config = loadConfig({
       dotenv: false,
       env: {
+        COS_ACCESS_LOG: 'all',
         ...pick(process.env, DEMO_AMBIENT),
         COS_MANAGEMENT_API_URL: `${mockUrl}/management`,
         COS_OPTIMIZE_API_URL: `${mockUrl}/optimize`,
@@ -221,7 +222,7 @@ Ctrl-C to stop.
 }
 
 // What the demo takes from the environment: where to listen, how to log. Never credentials or upstreams.
-const DEMO_AMBIENT = ['COS_LISTEN_HOST', 'COS_LISTEN_PORT', 'COS_ADMIN_HOST', 'COS_ADMIN_PORT', 'COS_LOG_LEVEL', 'COS_LOG_FORMAT', 'COS_TOKEN_ENCODING', 'COS_MOCK_HOST']
+const DEMO_AMBIENT = ['COS_LISTEN_HOST', 'COS_LISTEN_PORT', 'COS_ADMIN_HOST', 'COS_ADMIN_PORT', 'COS_LOG_LEVEL', 'COS_LOG_FORMAT', 'COS_ACCESS_LOG', 'COS_TOKEN_ENCODING', 'COS_MOCK_HOST']
 
 function pick (env: NodeJS.ProcessEnv, names: string[]): Record<string, string> {
   const out: Record<string, string> = {}

@@ -79,7 +79,7 @@ export async function serve (opts: ServeOptions): Promise<void> {
   const { store, watcher } = await watchCredentials(config, logger, metrics)
   upstreams.watch(config.credentialsReloadMs)
   const observer = metricsObserver(metrics)
-  const requestLog = new RequestLog(observer)
+  const requestLog = new RequestLog(observer, config.accessLog)
   const app = await buildProxyServer({
     config,
     credentials: store,

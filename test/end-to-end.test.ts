@@ -48,6 +48,7 @@ t.test('at trace level, no log line holds the secret, a token or a signature', a
     COS_OPTIMIZE_API_URL: recorder.url,
     COS_API_URL: 'http://127.0.0.1:9', // discard port: refused
     COS_UPSTREAM_TIMEOUT_MS: '1000',
+    COS_ACCESS_LOG: 'all', // every line there is, to search for secrets
   }, 'trace')
   t.teardown(async () => { await proxy.close(); await mock.close(); await recorder.close() })
 

@@ -19,12 +19,15 @@ export type LogLevel = typeof LOG_LEVELS[number]
 /** json: one JSON object a line, for collectors; pretty: one readable line an event, for a terminal. */
 export const LOG_FORMATS = ['json', 'pretty'] as const
 export type LogFormat = typeof LOG_FORMATS[number]
+/** Which requests get a line: errors (≥ 400, unanswered, slow; the default), all, or off. */
+export const ACCESS_LOGS = ['errors', 'all', 'off'] as const
+export type AccessLog = typeof ACCESS_LOGS[number]
 
 /** Methods the proxy forwards at all; CONNECT and TRACE are never forwarded. */
 export const PROXY_METHODS = ['DELETE', 'GET', 'HEAD', 'PATCH', 'POST', 'PUT', 'OPTIONS'] as const
 
 interface VarSpec {
-  readonly type: 'string' | 'integer' | 'boolean'
+  readonly type: 'string' | 'integer' | 'number' | 'boolean'
   readonly default?: string | number | boolean
   readonly enum?: readonly string[]
   readonly minimum?: number
@@ -72,6 +75,12 @@ export const VARIABLES = {
   COS_UPSTREAM_MAX_CONNECTIONS: { type: 'integer', default: 256, minimum: 1, maximum: 65_536, expect: 'must be a whole number of connections 1-65536' },
   COS_LOG_LEVEL: { type: 'string', default: 'info', enum: LOG_LEVELS, expect: `must be one of ${LOG_LEVELS.join(', ')}` },
   COS_LOG_FORMAT: { type: 'string', default: 'json', enum: LOG_FORMATS, expect: `must be one of ${LOG_FORMATS.join(', ')}` },
+  // A sidecar logs what needs a look, not every success (docs/operations.md#request-lines).
+  COS_ACCESS_LOG: { type: 'string', default: 'errors', enum: ACCESS_LOGS, expect: `must be one of ${ACCESS_LOGS.join(', ')}` },
+  // An order of magnitude over the API's usual answer, well under COS_UPSTREAM_TIMEOUT_MS's 30 s:
+  // a request drifting toward the timeout is seen before it fails.
+  COS_ACCESS_LOG_SLOW_MS: { type: 'integer', default: 5_000, minimum: 0, maximum: 2_147_483_647, expect: 'must be a whole number of milliseconds ≥ 0 (0 = every request is slow)' },
+  COS_ACCESS_LOG_SAMPLE: { type: 'number', default: 0, minimum: 0, maximum: 1, expect: 'must be a share of requests from 0 to 1, like 0.001' },
   COS_MOCK_HOST: { type: 'string', default: '127.0.0.1', expect: 'must be an IP address or host name' },
   COS_CREDENTIALS_RELOAD_MS: { ...TIMEOUT, default: 1_000 },
   COS_ADMIN_HOST: { type: 'string', default: '127.0.0.1', expect: 'must be an IP address or host name' },
@@ -107,7 +116,7 @@ export const VARIABLES = {
 } as const satisfies Record<string, VarSpec>
 
 export type VariableName = keyof typeof VARIABLES
-type RawValue<T> = T extends 'integer' ? number : T extends 'boolean' ? boolean : string | undefined
+type RawValue<T> = T extends 'integer' | 'number' ? number : T extends 'boolean' ? boolean : string | undefined
 export type Raw = { -readonly [K in VariableName]: RawValue<(typeof VARIABLES)[K]['type']> }
 
 export function jsonSchema (): object {
@@ -125,7 +134,7 @@ export function jsonSchema (): object {
  */
 export function checkIntegers (raw: Raw, data: Record<string, string>): void {
   for (const [name, spec] of Object.entries(VARIABLES) as [VariableName, VarSpec][]) {
-    if (spec.type === 'integer' && !Number.isSafeInteger(raw[name])) {
+    if ((spec.type === 'integer' && !Number.isSafeInteger(raw[name])) || (spec.type === 'number' && !Number.isFinite(raw[name]))) {
       throw new ConfigError(name, `${spec.expect}${spec.secret === true || data[name] === undefined ? '' : ` (got ${JSON.stringify(data[name])})`}`)
     }
   }

@@ -4,12 +4,12 @@
 import { readFileSync } from 'node:fs'
 import { parseEnv } from 'node:util'
 import envSchema from 'env-schema'
-import { ConfigError, VARIABLES, checkIntegers, jsonSchema, schemaError, type LogFormat, type LogLevel, type Raw } from './config-variables.js'
+import { ConfigError, VARIABLES, checkIntegers, jsonSchema, schemaError, type AccessLog, type LogFormat, type LogLevel, type Raw } from './config-variables.js'
 import { allowedHost, allowedOrigin, cidrList, credentialSource, egress, hostname, list, methodsNeedTheirRoute, overlaps, requiredHeader, route, tlsFiles, withMethods, type CredentialSource, type Egress, type Needs, type TlsFiles } from './config-values.js'
 import type { Route } from './route.js'
 import type { TokenEncoding } from '../token/token.js'
 
-export { ConfigError, EXIT_CONFIG, LOG_FORMATS, LOG_LEVELS, PROXY_METHODS, VARIABLES, type LogFormat, type LogLevel, type VariableName } from './config-variables.js'
+export { ACCESS_LOGS, ConfigError, EXIT_CONFIG, LOG_FORMATS, LOG_LEVELS, PROXY_METHODS, VARIABLES, type AccessLog, type LogFormat, type LogLevel, type VariableName } from './config-variables.js'
 export type { CredentialSource } from './config-values.js'
 export type { Route, RouteName } from './route.js'
 
@@ -24,6 +24,8 @@ export interface Config {
   readonly upstreamMaxConnections: number
   readonly logLevel: LogLevel
   readonly logFormat: LogFormat
+  /** Which requests get a request line (COS_ACCESS_LOG, _SLOW_MS, _SAMPLE). */
+  readonly accessLog: AccessLogSettings
   /** Where `mock-api` listens. */
   readonly mockHost: string
   /** Fallback re-read period of the credential files (they are also watched). */
@@ -63,6 +65,14 @@ export interface Config {
   readonly clockSkewCorrection: boolean
   /** The largest skew the correction follows, either way; a Date further off is refused (COS_CLOCK_SKEW_MAX_SECONDS). */
   readonly clockSkewMaxSeconds: number
+}
+
+export interface AccessLogSettings {
+  readonly mode: AccessLog
+  /** In `errors` mode, a request at least this long gets a line too. */
+  readonly slowMs: number
+  /** In `errors` mode, this share of the other requests gets a line too (0–1). */
+  readonly sample: number
 }
 
 export interface LoadOptions {
@@ -150,6 +160,7 @@ function build (raw: Raw, needs: Needs): Config {
     upstreamMaxConnections: raw.COS_UPSTREAM_MAX_CONNECTIONS,
     logLevel: raw.COS_LOG_LEVEL as LogLevel,
     logFormat: raw.COS_LOG_FORMAT as LogFormat,
+    accessLog: { mode: raw.COS_ACCESS_LOG as AccessLog, slowMs: raw.COS_ACCESS_LOG_SLOW_MS, sample: raw.COS_ACCESS_LOG_SAMPLE },
     mockHost: hostname('COS_MOCK_HOST', raw.COS_MOCK_HOST ?? '127.0.0.1'),
     credentialsReloadMs: raw.COS_CREDENTIALS_RELOAD_MS,
     admin,

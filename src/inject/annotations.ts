@@ -1,6 +1,6 @@
 // The pod annotations the webhook reads, each checked on its own: a bad value
 // is an AnnotationProblem naming the annotation, and the pod is refused with it.
-import { LOG_LEVELS, PROXY_METHODS } from '../config/config.js'
+import { ACCESS_LOGS, LOG_LEVELS, PROXY_METHODS } from '../config/config.js'
 
 const PREFIX = 'cos-auth-proxy.io/'
 export const ANNOTATIONS = {
@@ -12,6 +12,7 @@ export const ANNOTATIONS = {
   memory: `${PREFIX}memory`,
   port: `${PREFIX}port`,
   logLevel: `${PREFIX}log-level`,
+  accessLog: `${PREFIX}access-log`,
   envFromConfigMap: `${PREFIX}env-from-configmap`,
   /** Set by the webhook: program version and hash of the sidecar definition. Its presence makes a re-invocation a no-op. */
   injected: `${PREFIX}injected-version`,
@@ -66,6 +67,13 @@ export function envVarName (annotated: string | undefined): string {
 export function logLevel (annotated: string | undefined, fallback: string): string {
   if (annotated === undefined) return fallback
   if (!(LOG_LEVELS as readonly string[]).includes(annotated)) throw new AnnotationProblem(ANNOTATIONS.logLevel, `must be one of ${LOG_LEVELS.join(', ')}, got ${JSON.stringify(annotated)}`)
+  return annotated
+}
+
+/** COS_ACCESS_LOG for this pod's sidecar: errors, all or off; undefined keeps the definition's. */
+export function accessLog (annotated: string | undefined): string | undefined {
+  if (annotated === undefined) return undefined
+  if (!(ACCESS_LOGS as readonly string[]).includes(annotated)) throw new AnnotationProblem(ANNOTATIONS.accessLog, `must be one of ${ACCESS_LOGS.join(', ')}, got ${JSON.stringify(annotated)}`)
   return annotated
 }
 

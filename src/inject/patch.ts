@@ -1,7 +1,7 @@
 // AdmissionReview (admission.k8s.io/v1) in, AdmissionReview out: the pure
 // core of `cos-auth-proxy inject`. No I/O: the same review always gets the
 // same answer (a dry run included), and Secrets are only named, never read.
-import { allowedMethods, AnnotationProblem, ANNOTATIONS, atLeast, configMapName, envVarName, logLevel, port, quantity, secretName } from './annotations.js'
+import { accessLog, allowedMethods, AnnotationProblem, ANNOTATIONS, atLeast, configMapName, envVarName, logLevel, port, quantity, secretName } from './annotations.js'
 import { personalize, type EnvVar, type SidecarTemplate, type TemplateFacts } from './sidecar.js'
 
 /** One sidecar definition as the webhook applies it; replaced whole when the file changes. */
@@ -164,11 +164,13 @@ function patchFor (pod: Pod, settings: InjectSettings): PatchOperation[] {
   const memory = quantity(ANNOTATIONS.memory, text(ANNOTATIONS.memory), 'memory')
   const methods = allowedMethods(text(ANNOTATIONS.allowedMethods))
   const configMap = configMapName(text(ANNOTATIONS.envFromConfigMap))
+  const access = accessLog(text(ANNOTATIONS.accessLog))
   const { container, volumes } = personalize(settings.template, facts, {
     native: settings.nativeSidecar,
     proxyPort: ports.proxy,
     adminPort: ports.admin,
     logLevel: logLevel(text(ANNOTATIONS.logLevel), facts.logLevel),
+    ...(access === undefined ? {} : { accessLog: access }),
     ...(methods === undefined ? {} : { methods }),
     secret: secretName(text(ANNOTATIONS.secret), settings.defaultSecret),
     requests: { cpu: cpu?.text ?? facts.requests.cpu, memory: memory?.text ?? facts.requests.memory },

@@ -143,7 +143,7 @@ export const IMAGE_NODE_OPTIONS = '--max-old-space-size-percentage=50'
  */
 export const CONFIGMAP_TUNABLE: readonly string[] = [
   'COS_TOKEN_ENCODING', 'COS_CLOCK_SKEW_CORRECTION', 'COS_CLOCK_SKEW_MAX_SECONDS', 'COS_UPSTREAM_TIMEOUT_MS', 'COS_CONNECT_TIMEOUT_MS', 'COS_UPSTREAM_MAX_CONNECTIONS',
-  'COS_LOG_FORMAT', 'COS_CREDENTIALS_RELOAD_MS', 'COS_ADMIN_MAX_CONNECTIONS', 'COS_BODY_IDLE_TIMEOUT_MS', 'COS_MAX_BODY_BYTES',
+  'COS_LOG_FORMAT', 'COS_ACCESS_LOG', 'COS_ACCESS_LOG_SLOW_MS', 'COS_ACCESS_LOG_SAMPLE', 'COS_CREDENTIALS_RELOAD_MS', 'COS_ADMIN_MAX_CONNECTIONS', 'COS_BODY_IDLE_TIMEOUT_MS', 'COS_MAX_BODY_BYTES',
   'COS_HEADERS_TIMEOUT_MS', 'COS_REQUEST_TIMEOUT_MS', 'COS_KEEPALIVE_TIMEOUT_MS', 'COS_MAX_CONNECTIONS',
 ]
 
@@ -168,6 +168,8 @@ export interface PodChoices {
   readonly proxyPort: number
   readonly adminPort: number
   readonly logLevel: string
+  /** COS_ACCESS_LOG from the pod's annotation, in place of the definition's (or the proxy's default). */
+  readonly accessLog?: string
   /** The method list for every configured route, in place of the definition's. */
   readonly methods?: string
   readonly secret: string
@@ -186,11 +188,13 @@ function merged (base: unknown, add: Record<string, string | undefined>): Json |
 /** The definition's container and volumes for one pod: only what PodChoices names changes. */
 export function personalize (t: SidecarTemplate, facts: TemplateFacts, p: PodChoices): { container: Json, volumes: Json[] } {
   const set: Record<string, string> = { COS_LISTEN_PORT: String(p.proxyPort), COS_ADMIN_PORT: String(p.adminPort), COS_LOG_LEVEL: p.logLevel }
+  if (p.accessLog !== undefined) set.COS_ACCESS_LOG = p.accessLog
   const lists = /^COS_[A-Z]+_ALLOWED_METHODS$/
   let env: Json[] = (structuredClone(t.container.env) as Json[])
     .filter(e => p.methods === undefined || !lists.test(e.name as string))
     .map(e => (e.name as string) in set ? { name: e.name, value: set[e.name as string] } : e)
   const { methods, configMap } = p
+  if (p.accessLog !== undefined && !env.some(e => e.name === 'COS_ACCESS_LOG')) env.push({ name: 'COS_ACCESS_LOG', value: p.accessLog })
   if (methods !== undefined) env.push(...facts.methodVariables.map(name => ({ name, value: methods })))
   if (configMap !== undefined) {
     const named = new Set(env.map(e => e.name))

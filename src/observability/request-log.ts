@@ -2,6 +2,7 @@ import { LogController, type FastifyReply, type FastifyRequest } from 'fastify'
 import { hasErrorCode } from '../upstream/error-codes.js'
 import { closeWithConnection } from '../client/connections.js'
 import { responseFailure } from '../client/response.js'
+import type { AccessLogSettings } from '../config/config.js'
 
 /** Per-request counters and histograms; ProxyMetrics implements it. */
 export interface RequestObserver {
@@ -18,9 +19,16 @@ interface RequestLine { reqId: string, method: string, route: string, status: nu
 /** nginx's "client closed request": logged when the connection closed before any status was sent. */
 export const CLIENT_CLOSED_REQUEST = 499
 
+/** Every request gets a line: what `COS_ACCESS_LOG=all` means, and what a RequestLog built without settings does. */
+export const EVERY_REQUEST: AccessLogSettings = Object.freeze({ mode: 'all', slowMs: 0, sample: 0 })
+
 /**
- * One line per request, written when the response is closed: method, route
- * name, status, duration and (via the child logger) the request id. Never the
+ * One line per request that needs a look (COS_ACCESS_LOG=errors, the
+ * default: answered with a status ≥ 400, not answered at all, or slower than
+ * COS_ACCESS_LOG_SLOW_MS, plus a sampled share of the rest), every request
+ * (`all`), or none (`off`); the metrics count every request whatever the
+ * setting. Written when the response is closed: method, route name, status,
+ * duration and the request id. Never the
  * path, the query or a header: they may carry client data, and the
  * Authorization header carries a token.
  *
@@ -32,12 +40,26 @@ export const CLIENT_CLOSED_REQUEST = 499
  */
 export class RequestLog extends LogController {
   readonly #observer: RequestObserver | undefined
+  readonly #mode: AccessLogSettings['mode']
+  readonly #slowMs: number
+  readonly #sample: number
   /** Responses not yet closed (their line not yet written). */
   open = 0
 
-  constructor (observer?: RequestObserver) {
+  constructor (observer?: RequestObserver, accessLog: AccessLogSettings = EVERY_REQUEST) {
     super({ requestIdLogLabel: 'reqId' })
     this.#observer = observer
+    this.#mode = accessLog.mode
+    this.#slowMs = accessLog.slowMs
+    this.#sample = accessLog.sample
+  }
+
+  /** Whether this request gets a line: in `errors` mode, a failure, a request not answered, a slow one, or the sample. */
+  #logs (status: number, aborted: boolean, elapsedMs: number): boolean {
+    const mode = this.#mode
+    if (mode === 'all') return true
+    if (mode === 'off') return false
+    return status >= 400 || aborted || elapsedMs >= this.#slowMs || (this.#sample > 0 && Math.random() < this.#sample)
   }
 
   override incomingRequest (request: FastifyRequest, reply: FastifyReply): void {
@@ -83,6 +105,7 @@ export class RequestLog extends LogController {
     // eslint-disable-next-line @typescript-eslint/no-unnecessary-condition -- undefined on requests no proxy route handled
     const upstreamMs = request.upstreamMs ?? -1
     this.#observer?.requestFinished(route, request.method, status, elapsedMs / 1000, upstreamMs < 0 ? undefined : upstreamMs / 1000, aborted)
+    if (!this.#logs(status, aborted, elapsedMs)) return
     // Keys added in place: spreads would build and copy two objects per line.
     const line: RequestLine = { reqId: request.id, method: request.method, route, status, durationMs: Math.round(elapsedMs * 100) / 100 }
     if (upstreamMs >= 0) line.upstreamMs = Math.round(upstreamMs * 100) / 100

@@ -79,7 +79,7 @@ function serverOptions (opts: ProxyServerOptions): FastifyHttpOptions<Server> {
   const { client } = opts.config
   return {
     loggerInstance: opts.logger,
-    logController: opts.requestLog ?? new RequestLog(opts.observer),
+    logController: opts.requestLog ?? new RequestLog(opts.observer, opts.config.accessLog),
     requestIdHeader: false,
     genReqId: requestId,
     return503OnClosing: true,

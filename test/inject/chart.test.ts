@@ -81,6 +81,15 @@ t.test('per pod only what the annotations choose differs', async t => {
   for (const field of ['volumeMounts', 'startupProbe', 'securityContext', 'image', 'ports']) t.same(injected[field], chart[field], field)
 })
 
+t.test('cos-auth-proxy.io/access-log sets COS_ACCESS_LOG for that pod\'s sidecar, and nothing else changes', async t => {
+  const { spec } = injectFixture({ 'cos-auth-proxy.io/access-log': 'all' })
+  const injected = spec.initContainers?.[0] as Json
+  const chart = chartSpec().initContainers[0] as Json
+  t.equal(value(chart.env, 'COS_ACCESS_LOG'), undefined, 'the chart leaves it to the proxy\'s default (errors)')
+  t.equal(value(injected.env, 'COS_ACCESS_LOG'), 'all')
+  t.same((injected.env as Env).filter(e => e.name !== 'COS_ACCESS_LOG'), chart.env, 'the rest of env as the chart sets it')
+})
+
 /** What the kubelet does: envFrom first, then env, a later entry of the same name winning. */
 function resolvedEnv (container: Json, configMap: Record<string, string>): Record<string, string> {
   return { ...configMap, ...Object.fromEntries((container.env as Env).map(e => [e.name, e.value ?? ''])) }

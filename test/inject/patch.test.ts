@@ -166,6 +166,7 @@ const BAD: [string, string, RegExp][] = [
   ['cos-auth-proxy.io/secret', 'Team_A', /Secret name/],
   ['cos-auth-proxy.io/env', '1=x', /variable name/],
   ['cos-auth-proxy.io/log-level', 'verbose', /one of fatal, error, warn, info, debug, trace, silent/],
+  ['cos-auth-proxy.io/access-log', 'some', /one of errors, all, off, got "some"/],
   ['cos-auth-proxy.io/env-from-configmap', 'Team_Env', /ConfigMap name/],
 ]
 

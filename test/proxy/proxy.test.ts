@@ -280,7 +280,7 @@ t.test('responses pass through: status, multiple Set-Cookie, 204, 304, HEAD, Loc
 
 t.test('one log line per request at info: method, route, status, duration, request id', async t => {
   const up = await startUpstream()
-  const proxy = await startProxy({ COS_OPTIMIZE_API_URL: up.url })
+  const proxy = await startProxy({ COS_OPTIMIZE_API_URL: up.url, COS_ACCESS_LOG: 'all' })
   t.teardown(async () => { await proxy.close(); await up.close() })
   await send(`${proxy.url}/optimize/x?secret=1`, { headers: { 'x-request-id': 'log-1' } })
   await send(`${proxy.url}/nowhere`, { headers: { 'x-request-id': 'log-2' } })

@@ -219,6 +219,18 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
   value: {{ mul $v.shutdown.timeoutSeconds 1000 | quote }}
 - name: COS_LOG_LEVEL
   value: {{ $v.logLevel | quote }}
+{{- with $v.accessLog.mode }}
+- name: COS_ACCESS_LOG
+  value: {{ . | quote }}
+{{- end }}
+{{- if not (kindIs "invalid" $v.accessLog.slowMs) }}
+- name: COS_ACCESS_LOG_SLOW_MS
+  value: {{ int64 $v.accessLog.slowMs | quote }}
+{{- end }}
+{{- if not (kindIs "invalid" $v.accessLog.sample) }}
+- name: COS_ACCESS_LOG_SAMPLE
+  value: {{ $v.accessLog.sample | toString | quote }}
+{{- end }}
 {{- with $v.extraEnv }}
 {{ toYaml . }}
 {{- end }}
