@@ -4,8 +4,8 @@
 # from Go modules into a cache outside the repository. No kubelet, no scheduler, no
 # kube-proxy: Pods stay Pending, which is all admission needs.
 #
-#   scripts/kube-control-plane.sh build    build once into the cache (reused after; ~25 min
-#                                          on 2 cores the first time, nice 19)
+#   scripts/kube-control-plane.sh build    build once into the cache (reused after; ~10 min
+#                                          on 2 cores the first time, more on a busy machine; nice 19)
 #   scripts/kube-control-plane.sh start    build if needed, make a throwaway CA and certs,
 #                                          start the three on 127.0.0.1, print the
 #                                          kubeconfig's path and the PIDs
@@ -13,6 +13,7 @@
 #   scripts/kube-control-plane.sh status   the PIDs and whether /readyz answers
 #   scripts/kube-control-plane.sh env      export lines: KUBECONFIG, COS_KUBE_BIN, ...
 #   scripts/kube-control-plane.sh built    exit 0 if the binaries are in the cache
+#   scripts/kube-control-plane.sh bin      print the directory of the binaries
 #   scripts/kube-control-plane.sh clean    stop, then delete the run directory (keeps the build)
 #
 # Environment (all optional):
@@ -97,7 +98,7 @@ GO
   local etcdv; etcdv=$(go list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3)
   go get "go.etcd.io/etcd/server/v3/etcdmain@$etcdv" >>"$VDIR/get.log" 2>&1 \
     || { tail -30 "$VDIR/get.log" >&2; die "go get etcdmain failed, see $VDIR/get.log"; }
-  log "modules resolved in $((SECONDS - t0)) s; building etcd $etcdv, kube-apiserver and kube-controller-manager $K8S_VERSION with $(go env GOVERSION), nice $NICE, -p $JOBS (~25 min on 2 cores the first time)"
+  log "modules resolved in $((SECONDS - t0)) s; building etcd $etcdv, kube-apiserver and kube-controller-manager $K8S_VERSION with $(go env GOVERSION), nice $NICE, -p $JOBS (~10 min on 2 cores the first time)"
   local ld="-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=archive -X k8s.io/component-base/version.buildDate=1970-01-01T00:00:00Z"
   t0=$SECONDS
   nice -n "$NICE" go build -p "$JOBS" -trimpath -ldflags "$ld" -o "$BIN/" \
@@ -304,5 +305,5 @@ case ${1:-} in
   env) print_env ;;
   clean) clean ;;
   bin) echo "$BIN" ;;
-  *) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

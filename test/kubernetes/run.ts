@@ -46,7 +46,7 @@ function skipped (why: string, how: string): never {
 async function main (): Promise<number> {
   if (controlPlane('built').code !== 0) {
     skipped(`no control plane binaries in the cache (${controlPlane('bin').stdout.trim()})`,
-      `build them once (about 25 min on 2 cores, Go >= 1.26 and the Go module proxy needed):\n  bash ${SCRIPT} build\nthen run npm run test:kubernetes again`)
+      `build them once (about 10 min on 2 cores, more on a busy machine; Go >= 1.26 and the Go module proxy needed):\n  ${process.env.COS_KUBE_VERSION === undefined ? '' : `COS_KUBE_VERSION=${process.env.COS_KUBE_VERSION} `}bash ${SCRIPT} build\nthen run npm run test:kubernetes again`)
   }
   const helmBin = process.env.HELM ?? 'helm'
   if ((await run(helmBin, ['version', '--short'])).code !== 0) {
