@@ -180,7 +180,8 @@ const commands: Record<string, (args: string[]) => Promise<void>> = {
       env: { COS_LOG_FORMAT: 'pretty', ...pick(process.env, DEMO_AMBIENT), COS_ACCESS_KEY: accessKey, COS_ACCESS_KEY_SECRET: secret },
     })
     const [{ createLogger, inLogFormat, stdoutDestination }, { buildMockApi }, { serve }, { secretKey }] = await Promise.all([import('./observability/logger.js'), import('./mock-api/mock-api.js'), import('./server.js'), import('./token/token.js')])
-    const logger = createLogger(ambient.logLevel, await inLogFormat(ambient.logFormat, stdoutDestination()))
+    const stdout = stdoutDestination()
+    const logger = createLogger(ambient.logLevel, await inLogFormat(ambient.logFormat, stdout))
     const mock = buildMockApi({ accessKey, key: secretKey(secret), logger: logger.child({ component: 'mock-api' }) })
     await mock.listen({ host: ambient.mockHost, port: 0 })
     const mockUrl = `http://${hostPort(mock.server.address() as AddressInfo)}`
@@ -199,6 +200,7 @@ const commands: Record<string, (args: string[]) => Promise<void>> = {
     await serve({
       config,
       logger,
+      logLinesDropped: () => stdout.dropped,
       onListening: (address) => {
         const p = `http://${hostPort(address)}`
         process.stderr.write(`

@@ -214,6 +214,10 @@ t.test('demo needs no configuration and serves the sample routes through the pro
   t.equal(echo.status, 200)
   t.match(json(echo), { method: 'POST', url: '/echo' })
   t.match(daemon.stderr(), /curl -s http:\/\/127\.0\.0\.1:\d+\/management\/v1\/clusters/)
+  // The demo's pretty lines are counted like JSON ones: operations.md lists the metric for every format.
+  const adminPort = /admin=\{"address":"127\.0\.0\.1","port":(\d+)\}/.exec(daemon.stdout())?.[1]
+  t.ok(adminPort, 'the listening line names the admin port')
+  t.match((await send(`http://127.0.0.1:${adminPort ?? '0'}/metrics`)).body.toString(), /^cos_auth_proxy_log_lines_dropped_total 0$/m, 'cos_auth_proxy_log_lines_dropped_total under COS_LOG_FORMAT=pretty')
   daemon.child.kill('SIGINT')
   t.equal(await daemon.exited, 0)
   const lines = daemon.stdout().split('\n').filter(l => l !== '')
