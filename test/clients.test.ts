@@ -182,7 +182,7 @@ t.test('Node fetch for real: a GET and a streamed (chunked) POST served and sign
       controller.close()
     },
   })
-  // `duplex` is required for a stream body and missing from the DOM RequestInit typings Node 20's ship.
+  // `duplex` is required for a stream body and missing from the DOM RequestInit typings @types/node ships.
   const init: RequestInit & { duplex: 'half' } = { method: 'POST', body, duplex: 'half', headers: { 'content-type': 'application/json' } }
   const post = await fetch(`${proxy.url}/optimize/v1/echo`, init)
   t.equal(post.status, 200)

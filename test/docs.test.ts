@@ -171,3 +171,11 @@ t.test('the example chart, rendered in both modes by CI, puts the proxy where ea
 
 interface Container { name: string, image: string, restartPolicy?: string }
 interface PodSpec { initContainers?: Container[], containers: Container[] }
+
+t.test('the Node versions the README states are the ones package.json accepts and CI runs the suite on', async t => {
+  const pkg = JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as { engines: { node: string } }
+  t.equal(pkg.engines.node, '>=22', 'engines: the oldest supported is 22')
+  t.match(readFileSync(join(ROOT, 'README.md'), 'utf8'), /Node 22 or 24 \(CI tests both/, 'the README says 22 or 24')
+  t.match(readFileSync(join(ROOT, '.ci/run'), 'utf8'), /scripts\/node-runtime\.sh 22/, 'CI runs npm test on 22')
+  t.match(readFileSync(join(ROOT, 'scripts/ci-packaging.sh'), 'utf8'), /node24-tests/, 'and again on 24')
+})
