@@ -95,7 +95,6 @@ async function newDefinition (x: Context): Promise<void> {
   await upgrade(x, ['injector.failurePolicy=Fail', 'logLevel=warn'])
   equal(str(await x.c.read(MWC), 'webhooks', 0, 'failurePolicy'), 'Fail', 'failurePolicy back to Fail')
   await pointAtLocal(x)
-  const [oldPod] = await x.c.pods('apps', 'app=demo')
   // The kubelet would swap the mounted ConfigMap's file; here the test does.
   await x.files.fromConfigMap(x.c, NS, `${NAME}-sidecar`)
   const reloaded = await until('sidecar definition reloaded', 45_000, async () => x.webhook.lines('sidecar definition reloaded')[0])
@@ -105,7 +104,8 @@ async function newDefinition (x: Context): Promise<void> {
   const fresh = await until('a pod of the restarted Deployment', 90_000, async () => (await x.c.pods('apps', 'app=demo'))
     .find(p => str(p, 'metadata', 'annotations', 'kubectl.kubernetes.io/restartedAt') !== undefined))
   equal(str(fresh, 'metadata', 'annotations', INJECTED), x.version, `a new pod: ${INJECTED} ${x.version}`)
-  equal(str(oldPod, 'metadata', 'annotations', INJECTED), oldVersion, `an old pod keeps ${oldVersion}: the annotation tells them apart`)
+  const oldPod = await x.c.read(`/api/v1/namespaces/apps/pods/${x.firstPods[0] ?? '?'}`)
+  equal(str(oldPod, 'metadata', 'annotations', INJECTED), oldVersion, `a pod from before keeps ${oldVersion}: the annotation tells them apart`)
   const level = list(fresh, 'spec', 'initContainers', 0, 'env').find(e => e.name === 'COS_LOG_LEVEL')
   equal(level?.value, 'warn', 'the new pod\'s sidecar has the new definition (COS_LOG_LEVEL=warn)')
   const d = await x.c.read('/apis/apps/v1/namespaces/apps/deployments/demo')

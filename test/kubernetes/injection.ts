@@ -33,6 +33,8 @@ export interface Context {
   port: number
   adminPort: number
   readonly mwcName: string
+  /** The first Deployment's pods, injected with the first definition. */
+  firstPods: string[]
 }
 
 /** A CA and a serving certificate for 127.0.0.1 and the Service's name, in the Secret the chart would make. */
@@ -151,6 +153,7 @@ async function injectsDeployments (x: Context): Promise<void> {
   const d = deployment('demo', 2)
   await x.c.create('/apis/apps/v1/namespaces/apps/deployments', d)
   const pods = await x.c.waitPods('apps', 'app=demo', 2)
+  x.firstPods = pods.map(p => str(p, 'metadata', 'name') ?? '')
   const printed = await printInjected(x.env, d)
   for (const pod of pods) samePodAsPrinted(pod, printed, str(pod, 'metadata', 'name') ?? '?')
   const pod = pods[0]
@@ -193,7 +196,7 @@ async function notTwice (x: Context): Promise<void> {
 
 export async function injection (c: Cluster, helm: Helm, rest: (x: Context) => Promise<void>): Promise<void> {
   const dir = scratch('inject-')
-  const x: Context = { c, helm, dir, files: new WebhookFiles(dir), webhook: new Webhook({}), env: {}, version: '', port: 0, adminPort: 0, mwcName: NAME }
+  const x: Context = { c, helm, dir, files: new WebhookFiles(dir), webhook: new Webhook({}), env: {}, version: '', port: 0, adminPort: 0, mwcName: NAME, firstPods: [] }
   const kill = (): void => { x.webhook.kill() }
   process.on('exit', kill)
   try {
