@@ -25,10 +25,10 @@ function childEnv (env: Record<string, string>): NodeJS.ProcessEnv {
 
 export interface Result { code: number | null, stdout: string, stderr: string }
 
-/** Runs a command to its end; `as` runs it as another user (root only; from `/`, which holds no .env). */
-export function run (args: string[], env: Record<string, string>, as?: { uid: number, gid: number }): Promise<Result> {
+/** Runs a command to its end; withoutCapabilities: with none (root then obeys file modes as any user does). */
+export function run (args: string[], env: Record<string, string>, opts: { withoutCapabilities?: boolean } = {}): Promise<Result> {
   return new Promise((resolve, reject) => {
-    const child = spawnNode([CLI, ...args], { cwd: as === undefined ? CWD : '/', env: childEnv(env), ...as })
+    const child = spawnNode([CLI, ...args], { cwd: CWD, env: childEnv(env) }, opts.withoutCapabilities === true ? ['--bounding-set=-all', '--inh-caps=-all'] : [])
     child.stdin.end()
     let stdout = ''
     let stderr = ''

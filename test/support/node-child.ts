@@ -18,13 +18,14 @@ process.once('exit', () => {
 })
 
 /** The argv that runs `node args` as spawnNode does: a shell's `exec "$@"` can take it. */
-export function nodeArgv (args: readonly string[]): string[] {
-  return [...(SETPRIV === undefined ? [] : [SETPRIV, '--pdeathsig', 'KILL', '--']), ENV, '-u', 'NODE_OPTIONS', process.execPath, ...args]
+export function nodeArgv (args: readonly string[], setpriv: readonly string[] = []): string[] {
+  if (SETPRIV === undefined && setpriv.length > 0) throw new Error(`setpriv ${setpriv.join(' ')}: no setpriv on this machine`)
+  return [...(SETPRIV === undefined ? [] : [SETPRIV, '--pdeathsig', 'KILL', ...setpriv, '--']), ENV, '-u', 'NODE_OPTIONS', process.execPath, ...args]
 }
 
-/** `node args` as a child of this test; its pid is node's (each wrapper execs the next). */
-export function spawnNode (args: readonly string[], options: SpawnOptionsWithoutStdio = {}): ChildProcessWithoutNullStreams {
-  const [command = ENV, ...rest] = nodeArgv(args)
+/** `node args` as a child of this test; its pid is node's (each wrapper execs the next); `setpriv`: more of its options (Linux). */
+export function spawnNode (args: readonly string[], options: SpawnOptionsWithoutStdio = {}, setpriv: readonly string[] = []): ChildProcessWithoutNullStreams {
+  const [command = ENV, ...rest] = nodeArgv(args, setpriv)
   return track(spawn(command, rest, options))
 }
 
