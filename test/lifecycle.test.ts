@@ -125,7 +125,7 @@ function slowUpstream (delayMs: number): Promise<Awaited<ReturnType<typeof start
 t.test('SIGTERM drains: readiness 503 at once, health stays 200, the in-flight request completes, exit 0', async t => {
   const up = await slowUpstream(1500)
   // An idle keep-alive connection would be kept 60 s: an exit long before that did not wait on it.
-  const s = await startSidecar({ ...CREDS, COS_API_URL: up.url, COS_SHUTDOWN_DELAY_MS: '500', COS_KEEPALIVE_TIMEOUT_MS: '60000' })
+  const s = await startSidecar({ ...CREDS, COS_API_URL: up.url, COS_SHUTDOWN_DELAY_MS: '500', COS_KEEPALIVE_TIMEOUT_MS: '60000', COS_ACCESS_LOG: 'all' })
   t.teardown(async () => { s.child.kill('SIGKILL'); await up.close() })
   const agent = new Agent({ keepAlive: true })
   t.teardown(() => agent.destroy())
