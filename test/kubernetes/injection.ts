@@ -167,7 +167,8 @@ async function injectsDeployments (x: Context): Promise<void> {
   equal(url?.value, 'http://127.0.0.1:8080', 'the app container has COS_PROXY_URL')
   equal(list(pod, 'spec', 'containers', 0, 'env')[0], { name: 'APP_MODE', value: 'test' }, 'and keeps its own env')
   equal(str(pod, 'metadata', 'annotations', INJECTED), x.version, `${INJECTED} is the webhook's version`)
-  ok(x.webhook.lines('injected').length >= 2 || /injected/.test(x.webhook.log), 'the webhook logged the injections')
+  const logged = x.webhook.lines('sidecar injected')
+  ok(logged.length >= 2, `the webhook logged each injection (${logged.length} 'sidecar injected' lines)`, x.webhook.log.slice(-2000))
 }
 
 async function leavesOthers (x: Context): Promise<void> {
@@ -194,6 +195,19 @@ async function notTwice (x: Context): Promise<void> {
   equal([get(stored2, 'spec', 'initContainers'), list(stored2, 'spec', 'containers').length], [undefined, 2], 'a pod with its own cos-auth-proxy container gets no second one')
 }
 
+async function refusesAndDryRuns (x: Context): Promise<void> {
+  const bad = { apiVersion: 'v1', kind: 'Pod', metadata: { name: 'bad', annotations: { [INJECT]: 'true', 'cos-auth-proxy.io/memory': '128MB' } }, spec: { containers: [{ name: 'app', image: 'registry.example.com/app:1.0.0' }] } }
+  const r = await x.c.call('POST', '/api/v1/namespaces/apps/pods', bad)
+  equal([r.status, str(r.body, 'message')], [400, `admission webhook "${WEBHOOK}" denied the request: cos-auth-proxy.io/memory: must be a positive memory quantity like 128Mi or 1Gi, got "128MB"`],
+    'a bad annotation: refused with the message docs/kubernetes.md shows')
+  const good = structuredClone(bad)
+  good.metadata.annotations['cos-auth-proxy.io/memory'] = '256Mi'
+  const dry = await x.c.call('POST', '/api/v1/namespaces/apps/pods?dryRun=All', good)
+  const sidecar = list(dry.body, 'spec', 'initContainers')[0]
+  equal([dry.status, get(sidecar, 'resources', 'requests', 'memory')], [201, '256Mi'], 'a server-side dry run gets the same patch (memory request from the annotation)')
+  equal(await x.c.find('/api/v1/namespaces/apps/pods/bad'), undefined, 'and stores nothing')
+}
+
 export async function injection (c: Cluster, helm: Helm, rest: (x: Context) => Promise<void>): Promise<void> {
   const dir = scratch('inject-')
   const x: Context = { c, helm, dir, files: new WebhookFiles(dir), webhook: new Webhook({}), env: {}, version: '', port: 0, adminPort: 0, mwcName: NAME, firstPods: [] }
@@ -205,6 +219,7 @@ export async function injection (c: Cluster, helm: Helm, rest: (x: Context) => P
     await section('injector: a Deployment in a labelled namespace gets the sidecar inject --print shows', () => injectsDeployments(x))
     await section('injector: unlabelled namespaces and the webhook\'s own pods are untouched', () => leavesOthers(x))
     await section('injector: no double injection', () => notTwice(x))
+    await section('injector: a bad annotation refused, a dry run patched', () => refusesAndDryRuns(x))
     await rest(x)
   } finally {
     await x.webhook.stop()
