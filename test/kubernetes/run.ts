@@ -107,8 +107,10 @@ async function main (): Promise<number> {
   } finally {
     rmSync(helm.homeDir, { recursive: true, force: true })
   }
+  const tests = Date.now()
+  stop() // before the closing line, so that it is the last one
   const s = summary()
-  console.log(`# total ${((Date.now() - t0) / 1000).toFixed(1)} s`)
+  console.log(`# tests ${((tests - t0) / 1000).toFixed(1)} s (control plane start included), stop ${((Date.now() - tests) / 1000).toFixed(1)} s`)
   if (s.failures.length > 0) console.log(`failed:\n${s.failures.map(f => `  ${f}`).join('\n')}`)
   console.log(`${s.passed} passed, ${s.failed} failed`)
   return s.failed === 0 ? 0 : 1
