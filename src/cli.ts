@@ -4,7 +4,7 @@ import { randomBytes } from 'node:crypto'
 import type { AddressInfo } from 'node:net'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { parseArgs } from 'node:util'
-import { ConfigError, EXIT_CONFIG, describeConfig, loadConfig, type Config } from './config/config.js'
+import { ConfigError, EXIT_CONFIG, ROUTE_TABLE, describeConfig, loadConfig, type Config } from './config/config.js'
 import type { readPair } from './credentials/credentials.js'
 
 // Each command import()s what it runs, so none pays for another's modules:
@@ -190,9 +190,8 @@ const commands: Record<string, (args: string[]) => Promise<void>> = {
       env: {
         COS_ACCESS_LOG: 'all',
         ...pick(process.env, DEMO_AMBIENT),
-        COS_MANAGEMENT_API_URL: `${mockUrl}/management`,
-        COS_OPTIMIZE_API_URL: `${mockUrl}/optimize`,
-        COS_API_URL: mockUrl,
+        // Every route of the table at the mock: /<name> for a prefixed one, the root for the catch-all.
+        ...Object.fromEntries(ROUTE_TABLE.map(r => [r.url, r.prefix === undefined ? mockUrl : `${mockUrl}/${r.name}`])),
         COS_ACCESS_KEY: accessKey,
         COS_ACCESS_KEY_SECRET: secret,
       },

@@ -4,7 +4,7 @@
 import { isIP, isIPv6 } from 'node:net'
 import { ConfigError, PROXY_METHODS, PROXY_URL, VARIABLES, type Raw, type VariableName } from './config-variables.js'
 import { foldedPrefix, foldSegment, hostName } from './names.js'
-import type { Route, RouteName } from './route.js'
+import { ROUTE_TABLE, type Route, type RouteName } from './route.js'
 import { Secret } from './secret.js'
 
 /** The egress proxies from HTTPS_PROXY / HTTP_PROXY / NO_PROXY; src/upstream/egress.ts decides per origin. */
@@ -83,15 +83,9 @@ export function allowedHost (entry: string): string {
   return name
 }
 
-const ROUTE_URLS = [
-  ['COS_MANAGEMENT_ALLOWED_METHODS', 'COS_MANAGEMENT_API_URL'],
-  ['COS_OPTIMIZE_ALLOWED_METHODS', 'COS_OPTIMIZE_API_URL'],
-  ['COS_API_ALLOWED_METHODS', 'COS_API_URL'],
-] as const
-
 /** A method list for a route that is not configured restricts nothing: its paths go to the catch-all with every method. */
 export function methodsNeedTheirRoute (raw: Raw): void {
-  for (const [methods, url] of ROUTE_URLS) {
+  for (const { methods, url } of ROUTE_TABLE) {
     if (raw[methods] !== undefined && raw[url] === undefined) {
       throw new ConfigError(methods, `is set but ${url} is not: the list would restrict no route`)
     }

@@ -6,12 +6,12 @@ import { parseEnv } from 'node:util'
 import envSchema from 'env-schema'
 import { ConfigError, VARIABLES, checkIntegers, jsonSchema, schemaError, type AccessLog, type LogFormat, type LogLevel, type Raw } from './config-variables.js'
 import { allowedHost, allowedOrigin, cidrList, credentialSource, egress, hostname, list, methodsNeedTheirRoute, overlaps, requiredHeader, route, tlsFiles, withMethods, type CredentialSource, type Egress, type Needs, type TlsFiles } from './config-values.js'
-import type { Route } from './route.js'
+import { ROUTE_TABLE, oneRouteUrl, type Route } from './route.js'
 import type { TokenEncoding } from '../token/token.js'
 
 export { ACCESS_LOGS, ConfigError, EXIT_CONFIG, LOG_FORMATS, LOG_LEVELS, PROXY_METHODS, VARIABLES, type AccessLog, type LogFormat, type LogLevel, type VariableName } from './config-variables.js'
 export type { CredentialSource } from './config-values.js'
-export type { Route, RouteName } from './route.js'
+export { ROUTE_TABLE, oneRouteUrl, routeUrlList, type Route, type RouteName } from './route.js'
 
 export interface Config {
   readonly listen: { readonly host: string, readonly port: number }
@@ -123,24 +123,32 @@ function readDotenv (): Record<string, string | undefined> {
 }
 
 
+/** The routes of ROUTE_TABLE that have a URL, in its order; no two prefixes may overlap. */
+function configuredRoutes (raw: Raw): Route[] {
+  const routes: Route[] = []
+  for (const r of ROUTE_TABLE) {
+    const found = withMethods(route(r.name, r.url, raw[r.url], r.prefix, r.prefix === undefined ? '' : raw[r.prefix]), r.methods, raw[r.methods])
+    if (found === undefined) continue
+    const other = found.prefix === '' ? undefined : routes.find(o => o.prefix !== '' && overlaps(o.prefix, found.prefix))
+    if (other !== undefined) {
+      const otherVariable = ROUTE_TABLE.find(o => o.name === other.name)?.prefix
+      throw new ConfigError(r.prefix ?? r.url, `must not overlap ${otherVariable ?? other.name}, also ignoring case, ";params" and trailing dots (both claim ${JSON.stringify(found.prefix)})`)
+    }
+    routes.push(found)
+  }
+  return routes
+}
+
 function build (raw: Raw, needs: Needs): Config {
   const host = hostname('COS_LISTEN_HOST', raw.COS_LISTEN_HOST ?? '127.0.0.1')
-  const routes: Route[] = []
-  const management = withMethods(route('management', 'COS_MANAGEMENT_API_URL', raw.COS_MANAGEMENT_API_URL, 'COS_MANAGEMENT_PATH_PREFIX', raw.COS_MANAGEMENT_PATH_PREFIX), 'COS_MANAGEMENT_ALLOWED_METHODS', raw.COS_MANAGEMENT_ALLOWED_METHODS)
-  const optimize = withMethods(route('optimize', 'COS_OPTIMIZE_API_URL', raw.COS_OPTIMIZE_API_URL, 'COS_OPTIMIZE_PATH_PREFIX', raw.COS_OPTIMIZE_PATH_PREFIX), 'COS_OPTIMIZE_ALLOWED_METHODS', raw.COS_OPTIMIZE_ALLOWED_METHODS)
-  const api = withMethods(route('api', 'COS_API_URL', raw.COS_API_URL, undefined, ''), 'COS_API_ALLOWED_METHODS', raw.COS_API_ALLOWED_METHODS)
-  if (management) routes.push(management)
-  if (optimize) routes.push(optimize)
-  if (management && optimize && overlaps(management.prefix, optimize.prefix)) {
-    throw new ConfigError('COS_OPTIMIZE_PATH_PREFIX', `must not overlap COS_MANAGEMENT_PATH_PREFIX, also ignoring case, ";params" and trailing dots (both claim ${JSON.stringify(optimize.prefix)})`)
-  }
-  if (api) routes.push(api)
+  const routes = configuredRoutes(raw)
   const admin = { host: hostname('COS_ADMIN_HOST', raw.COS_ADMIN_HOST ?? '127.0.0.1'), port: raw.COS_ADMIN_PORT, maxConnections: raw.COS_ADMIN_MAX_CONNECTIONS }
   if (admin.port !== 0 && admin.port === raw.COS_LISTEN_PORT && (admin.host === host || [admin.host, host].some(h => h === '0.0.0.0' || h === '::'))) {
     throw new ConfigError('COS_ADMIN_PORT', `must differ from COS_LISTEN_PORT (${admin.port}): health and metrics never share the proxy port`)
   }
   if (routes.length === 0 && needs === 'all') {
-    throw new ConfigError('COS_API_URL', 'or COS_MANAGEMENT_API_URL or COS_OPTIMIZE_API_URL is required: nothing to forward to')
+    const [variable, rest] = oneRouteUrl()
+    throw new ConfigError(variable, `${rest} is required: nothing to forward to`)
   }
   methodsNeedTheirRoute(raw)
   if (raw.COS_REQUEST_TIMEOUT_MS !== 0 && raw.COS_REQUEST_TIMEOUT_MS < raw.COS_HEADERS_TIMEOUT_MS) {

@@ -1,6 +1,6 @@
 // The pod annotations the webhook reads, each checked on its own: a bad value
 // is an AnnotationProblem naming the annotation, and the pod is refused with it.
-import { ACCESS_LOGS, LOG_LEVELS, PROXY_METHODS } from '../config/config.js'
+import { ACCESS_LOGS, LOG_LEVELS, PROXY_METHODS, ROUTE_TABLE } from '../config/config.js'
 
 const PREFIX = 'cos-auth-proxy.io/'
 export const ANNOTATIONS = {
@@ -20,12 +20,8 @@ export const ANNOTATIONS = {
 
 export const DEFAULT_ENV_NAME = 'COS_PROXY_URL'
 
-/** The upstream route settings, by the variable that lists a route's methods. */
-export const ROUTE_METHOD_VARIABLES = {
-  COS_MANAGEMENT_API_URL: 'COS_MANAGEMENT_ALLOWED_METHODS',
-  COS_OPTIMIZE_API_URL: 'COS_OPTIMIZE_ALLOWED_METHODS',
-  COS_API_URL: 'COS_API_ALLOWED_METHODS',
-} as const
+/** The upstream route settings, by the variable that lists a route's methods (the route table's). */
+export const ROUTE_METHOD_VARIABLES: Readonly<Record<string, string>> = Object.fromEntries(ROUTE_TABLE.map(r => [r.url, r.methods]))
 
 export class AnnotationProblem extends Error {
   readonly annotation: string

@@ -4,7 +4,7 @@
 // sidecar it injects. Errors are ConfigError: exit 78 with one line naming
 // the variable.
 import { readFileSync } from 'node:fs'
-import { ConfigError, loadConfig, type LogFormat, type LogLevel } from '../config/config.js'
+import { ConfigError, loadConfig, oneRouteUrl, ROUTE_TABLE, type LogFormat, type LogLevel, type VariableName } from '../config/config.js'
 import type { InjectSettings } from './patch.js'
 import type { EnvVar } from './sidecar.js'
 import { injectSettings, parseSidecarFile, templateFromEnv } from './template.js'
@@ -31,7 +31,7 @@ export const INJECT_VARIABLES = {
 type InjectVariable = keyof typeof INJECT_VARIABLES
 
 /** Without a sidecar file: upstream settings the sidecars get, in the order the chart writes them. */
-const UPSTREAM_PASSTHROUGH = ['COS_MANAGEMENT_API_URL', 'COS_OPTIMIZE_API_URL', 'COS_API_URL', 'COS_MANAGEMENT_PATH_PREFIX', 'COS_OPTIMIZE_PATH_PREFIX'] as const
+const UPSTREAM_PASSTHROUGH: readonly VariableName[] = [...ROUTE_TABLE.map(r => r.url), ...ROUTE_TABLE.flatMap(r => r.prefix === undefined ? [] : [r.prefix])]
 /** Further proxy settings passed through as they are (the chart's extraEnv place). */
 const EXTRA_PASSTHROUGH = [
   'COS_TOKEN_ENCODING', 'COS_UPSTREAM_TIMEOUT_MS', 'COS_CONNECT_TIMEOUT_MS', 'COS_CLOCK_SKEW_CORRECTION', 'COS_CLOCK_SKEW_MAX_SECONDS',
@@ -129,7 +129,8 @@ export function loadInjectConfig (env: NodeJS.ProcessEnv = process.env, opts: Lo
   } else {
     // The proxy's own checks on the settings handed down: a sidecar must not exit 78 on them.
     if (proxy.routes.length === 0) {
-      throw new ConfigError('COS_API_URL', 'or COS_MANAGEMENT_API_URL or COS_OPTIMIZE_API_URL is required: the injected sidecars need an upstream (or set COS_INJECT_SIDECAR_FILE)')
+      const [variable, rest] = oneRouteUrl()
+      throw new ConfigError(variable, `${rest} is required: the injected sidecars need an upstream (or set COS_INJECT_SIDECAR_FILE)`)
     }
     const image = read(env, 'COS_INJECT_IMAGE')
     if (image === undefined) throw new ConfigError('COS_INJECT_IMAGE', `is required without COS_INJECT_SIDECAR_FILE: it ${INJECT_VARIABLES.COS_INJECT_IMAGE.expect.replace(/^must be/, 'is')}`)

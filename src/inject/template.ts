@@ -4,7 +4,7 @@
 // from the webhook's environment when no file is given. Checked here so that
 // a definition the webhook accepts is one the sidecar starts with.
 import { createHash } from 'node:crypto'
-import { ConfigError, loadConfig } from '../config/config.js'
+import { ConfigError, loadConfig, routeUrlList } from '../config/config.js'
 import { ROUTE_METHOD_VARIABLES } from './annotations.js'
 import type { InjectSettings } from './patch.js'
 import { credentialsVolume, SIDECAR, sidecarContainer, type EnvVar, type SidecarOptions, type SidecarTemplate, type TemplateFacts } from './sidecar.js'
@@ -59,7 +59,7 @@ function checkTemplate (t: SidecarTemplate): TemplateFacts {
     if (err instanceof ConfigError) bad(`container.env: ${err.message}`)
     throw err
   }
-  if (proxy.routes.length === 0) bad('container.env sets no COS_API_URL, COS_MANAGEMENT_API_URL or COS_OPTIMIZE_API_URL: the sidecars need an upstream')
+  if (proxy.routes.length === 0) bad(`container.env sets no ${routeUrlList()}: the sidecars need an upstream`)
   for (const name of ['COS_LISTEN_PORT', 'COS_ADMIN_PORT', 'COS_LOG_LEVEL', 'COS_ACCESS_KEY_FILE', 'COS_ACCESS_KEY_SECRET_FILE']) {
     if (values[name] === undefined) bad(`container.env must set ${name}`)
   }

@@ -1,7 +1,7 @@
 // What the proxy counts per route: the cells the hot path bumps (allocated
 // once per route label) and the scrape-time metrics that read them.
 import { Counter, type Registry } from 'prom-client'
-import type { RouteName } from '../config/config.js'
+import { ROUTE_TABLE, type RouteName } from '../config/config.js'
 import { HistogramCell, registerHistogram } from './metric-exposition.js'
 import type { UpstreamErrorKind } from '../upstream/upstream-error-kinds.js'
 
@@ -11,10 +11,9 @@ export const PREFIX = 'cos_auth_proxy_'
 
 // Every label value is from one of these fixed lists, so the number of series
 // is bounded whatever clients send.
-export const ROUTES = ['management', 'optimize', 'api', 'none'] as const
-type RouteLabel = typeof ROUTES[number]
-// Fails to compile if config.ts gains a route name this list lacks.
-const _everyRouteLabelled: Exclude<RouteName, RouteLabel> extends never ? true : never = true
+// The route names of the route table, and `none` for a request no route took.
+export const ROUTES: readonly RouteLabel[] = [...ROUTE_TABLE.map(r => r.name), 'none']
+type RouteLabel = RouteName | 'none'
 const METHODS = ['GET', 'HEAD', 'POST', 'PUT', 'DELETE', 'CONNECT', 'OPTIONS', 'TRACE', 'PATCH'] as const
 const STATUS_CLASSES = ['1xx', '2xx', '3xx', '4xx', '5xx'] as const
 const ERROR_KINDS: readonly UpstreamErrorKind[] = ['refused', 'reset', 'timeout', 'tls', 'dns', 'other']

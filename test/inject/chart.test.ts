@@ -8,7 +8,8 @@
 import { readFileSync } from 'node:fs'
 import { fileURLToPath } from 'node:url'
 import t from 'tap'
-import { ConfigError, loadConfig, VARIABLES } from '../../src/config/config.js'
+import { parse } from 'yaml'
+import { ConfigError, loadConfig, ROUTE_TABLE, VARIABLES } from '../../src/config/config.js'
 import { answerReview } from '../../src/inject/patch.js'
 import { CONFIGMAP_TUNABLE, IMAGE_NODE_OPTIONS, pinnedEnv } from '../../src/inject/sidecar.js'
 import { parseSidecarFile } from '../../src/inject/template.js'
@@ -159,4 +160,19 @@ t.test('a definition that would not work is a ConfigError naming COS_INJECT_SIDE
   }
   t.throws(() => parseSidecarFile(variant(d => { (d.container.env as Env).push({ name: 'COS_LOG_LEVEL', value: 'loud' }) })),
     { variable: 'COS_INJECT_SIDECAR_FILE', message: /container\.env: COS_LOG_LEVEL/ }, 'the proxy\'s own check, inside the file')
+})
+
+t.test('the chart\'s routes are the route table\'s: its upstream.* values, their env, the "at least one URL" list', async t => {
+  const chart = fileURLToPath(new URL('../../helm/cos-auth-proxy/', import.meta.url))
+  const helpers = readFileSync(`${chart}templates/_helpers.tpl`, 'utf8')
+  const values = parse(readFileSync(`${chart}values.yaml`, 'utf8')) as { upstream: Record<string, unknown> }
+  const listed = /define "cos-auth-proxy\.routeUrlValues" -\}\}([^{]*)\{\{/.exec(helpers)?.[1]?.trim().split(' ')
+  t.same(listed, ROUTE_TABLE.map(r => r.chart.url), 'cos-auth-proxy.routeUrlValues lists the table\'s URL values, in its order')
+  for (const r of ROUTE_TABLE) {
+    for (const [value, variable] of [[r.chart.url, r.url], [r.chart.prefix, r.prefix]] as const) {
+      if (value === undefined || variable === undefined) continue
+      t.ok(value in values.upstream, `values.yaml has upstream.${value}`)
+      t.match(helpers, new RegExp(`\\{\\{- with \\$v\\.upstream\\.${value} \\}\\}\\n- name: ${variable}\\n`), `upstream.${value} becomes ${variable}`)
+    }
+  }
 })

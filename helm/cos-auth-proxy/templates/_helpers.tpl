@@ -100,11 +100,31 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 {{- end -}}
 
+{{/*
+The routes' URL values under upstream.*, in the order of the proxy's route
+table (src/config/route.ts, ROUTE_TABLE: a test holds the two equal). A new
+route adds its value here and its env in cos-auth-proxy.env.
+*/}}
+{{- define "cos-auth-proxy.routeUrlValues" -}}managementUrl optimizeUrl apiUrl{{- end -}}
+
+{{/* "upstream.managementUrl, upstream.optimizeUrl, upstream.apiUrl" */}}
+{{- define "cos-auth-proxy.routeUrlNames" -}}
+{{- $names := list -}}
+{{- range splitList " " (include "cos-auth-proxy.routeUrlValues" .) -}}{{- $names = append $names (printf "upstream.%s" .) -}}{{- end -}}
+{{- join ", " $names -}}
+{{- end -}}
+
+{{/* Non-empty when at least one route has a URL. */}}
+{{- define "cos-auth-proxy.anyRouteUrl" -}}
+{{- $u := .Values.upstream -}}
+{{- range splitList " " (include "cos-auth-proxy.routeUrlValues" .) -}}{{- if index $u . -}}yes{{- end -}}{{- end -}}
+{{- end -}}
+
 {{/* Fails the render with a clear message on values that cannot work. */}}
 {{- define "cos-auth-proxy.validate" -}}
 {{- $v := .Values -}}
-{{- if not (or $v.upstream.managementUrl $v.upstream.optimizeUrl $v.upstream.apiUrl) -}}
-{{- fail "cos-auth-proxy: set at least one of upstream.managementUrl, upstream.optimizeUrl, upstream.apiUrl" -}}
+{{- if not (include "cos-auth-proxy.anyRouteUrl" .) -}}
+{{- fail (printf "cos-auth-proxy: set at least one of %s" (include "cos-auth-proxy.routeUrlNames" .)) -}}
 {{- end -}}
 {{- if and $v.credentials.existingSecret $v.credentials.create -}}
 {{- fail "cos-auth-proxy: credentials.existingSecret and credentials.create are exclusive" -}}

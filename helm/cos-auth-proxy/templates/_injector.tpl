@@ -36,8 +36,8 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{- define "cos-auth-proxy.injector.validate" -}}
 {{- $v := .Values -}}
-{{- if not (or $v.upstream.managementUrl $v.upstream.optimizeUrl $v.upstream.apiUrl) -}}
-{{- fail "cos-auth-proxy: injector.enabled needs at least one of upstream.managementUrl, upstream.optimizeUrl, upstream.apiUrl (what the injected sidecars forward to)" -}}
+{{- if not (include "cos-auth-proxy.anyRouteUrl" .) -}}
+{{- fail (printf "cos-auth-proxy: injector.enabled needs at least one of %s (what the injected sidecars forward to)" (include "cos-auth-proxy.routeUrlNames" .)) -}}
 {{- end -}}
 {{- if and $v.injector.nativeSidecar (semverCompare "<1.29.0-0" .Capabilities.KubeVersion.Version) -}}
 {{- fail (printf "cos-auth-proxy: injector.nativeSidecar needs Kubernetes >= 1.29 (target %s): set injector.nativeSidecar=false, or pass --kube-version" .Capabilities.KubeVersion.Version) -}}
