@@ -2,7 +2,7 @@
 // (no node_modules beside it), and started by `npm start` exactly as the
 // image starts it.
 import { execFile } from 'node:child_process'
-import { copyFileSync, mkdtempSync, readFileSync, rmSync } from 'node:fs'
+import { copyFileSync, mkdtempSync, readFileSync, rmSync, statSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join, posix } from 'node:path'
 import { fileURLToPath } from 'node:url'
@@ -88,6 +88,16 @@ t.test('the bundle\'s config validator, compiled at build time, cannot accept or
       .then(r => ({ code: 0, out: r.stdout }), (err: unknown) => ({ code: (err as { code: number }).code, out: (err as { stderr: string }).stderr }))
     t.same(got, expected, JSON.stringify(extra))
   }))
+})
+
+t.test('docs/development.md gives the bundle\'s size and its map\'s as they are (within 15 %)', async t => {
+  const doc = readFileSync(join(ROOT, 'docs', 'development.md'), 'utf8')
+  const stated = /`cos-auth-proxy\.mjs` \(~([\d.]+) MB[^)]*\), its source map \(~([\d.]+) MB\)/.exec(doc)
+  t.ok(stated, 'the image section states both sizes')
+  for (const [file, mb] of [['cos-auth-proxy.mjs', stated?.[1]], ['cos-auth-proxy.mjs.map', stated?.[2]]] as const) {
+    const actual = statSync(join(ROOT, 'dist', file)).size / 1024 / 1024
+    t.ok(Math.abs(actual - Number(mb)) / actual <= 0.15, `${file}: ${actual.toFixed(2)} MiB, the doc says ~${mb ?? '?'} MB`)
+  }
 })
 
 t.test('npm start runs what the image runs: the same file, the same Node flags, the same command', async t => {
