@@ -75,7 +75,8 @@ export function refusalHint (f: RefusalFacts): string {
     return `the credential files cannot be used (${r.variable} ${r.problem}), so the pair in force (${key}) stays: fix the mounted Secret`
   }
   const source = f.fromFiles ? 'the pair in force is the one in the credential files' : 'the pair comes from COS_ACCESS_KEY / COS_ACCESS_KEY_SECRET'
-  const checks = `check that the upstream knows ${key} (rotated or revoked on one side only? compare the mounted Secret with the key issued for this API) and that COS_TOKEN_ENCODING=${f.encoding ?? 'url'} is the form it expects`
+  const compare = f.fromFiles ? 'compare the mounted Secret with the key issued for this API' : 'compare COS_ACCESS_KEY and COS_ACCESS_KEY_SECRET with the pair issued for this API'
+  const checks = `check that the upstream knows ${key} (rotated or revoked on one side only? ${compare}) and that COS_TOKEN_ENCODING=${f.encoding ?? 'url'} is the form it expects`
   if (f.status === 403) return `${source} and ${clockState(f)}: a 403 usually means ${key} lacks the permission for this operation (RBAC); if every call gets it, ${checks}`
   return `${source} and ${clockState(f)}: ${checks}`
 }

@@ -25,6 +25,22 @@ export function upstreamErrorStatus (error: Error): 502 | 504 {
   return 502
 }
 
+/** A 504 names the setting that ran out. */
+function timeoutMessage (error: Error): string {
+  return hasErrorCode(error, 'UND_ERR_CONNECT_TIMEOUT')
+    ? 'the upstream did not accept a connection in time (COS_CONNECT_TIMEOUT_MS)'
+    : 'the upstream did not answer in time (COS_UPSTREAM_TIMEOUT_MS)'
+}
+
+/** A 502, with the likely fix when the cause names one. */
+function unreachableMessage (error: Error): string {
+  // OpenSSL read something that is not TLS: most often plain HTTP on that port.
+  if (hasErrorCode(error, 'ERR_SSL_WRONG_VERSION_NUMBER') || hasErrorCode(error, 'ERR_SSL_PACKET_LENGTH_TOO_LONG')) {
+    return 'the upstream could not be reached: it does not speak TLS on that port (is the route\'s URL https:// for a plain-HTTP port? check its scheme)'
+  }
+  return 'the upstream could not be reached'
+}
+
 export interface FailureOptions {
   readonly upstreams: Upstreams
   readonly observer?: { readonly upstreamError: (route: RouteName, err: Error) => void } | undefined
@@ -55,8 +71,8 @@ export function answerUpstreamFailure ({ upstreams, observer, maxBodyBytes }: Fa
     reply.request.log.error({ err: error, status }, 'request failed')
     // A failure at the egress proxy names it: the upstream may be fine.
     const egress = upstreams.egressProblem(error)
-    if (status === 504) sendError(reply, 504, 'upstream_timeout', egress ?? 'the upstream did not answer in time')
-    else sendError(reply, 502, 'upstream_unavailable', egress ?? 'the upstream could not be reached')
+    if (status === 504) sendError(reply, 504, 'upstream_timeout', egress ?? timeoutMessage(error))
+    else sendError(reply, 502, 'upstream_unavailable', egress ?? unreachableMessage(error))
   }
 }
 

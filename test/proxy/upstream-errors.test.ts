@@ -49,6 +49,15 @@ t.test('connection closed without an answer → 502', async t => {
   t.equal(res.status, 502)
 })
 
+t.test('https:// to a plain-HTTP port → 502 whose message points at the URL\'s scheme', async t => {
+  const plain = await startUpstream()
+  const proxy = await startProxy({ COS_API_URL: plain.url.replace('http://', 'https://') })
+  t.teardown(async () => { await proxy.close(); await plain.close() })
+  const res = await send(`${proxy.url}/x`)
+  t.equal(res.status, 502)
+  t.match(json(res), { error: { code: 'upstream_unavailable', message: /does not speak TLS on that port .*https:\/\/ for a plain-HTTP port\? check its scheme/ } })
+})
+
 t.test('silent upstream: no response headers within COS_UPSTREAM_TIMEOUT_MS → 504 upstream_timeout', async t => {
   const silent = await tcpServer(() => undefined)
   const good = await startUpstream()
@@ -56,7 +65,7 @@ t.test('silent upstream: no response headers within COS_UPSTREAM_TIMEOUT_MS → 
   t.teardown(async () => { await proxy.close(); await silent.close(); await good.close() })
   const res = await send(`${proxy.url}/optimize/slow`)
   t.equal(res.status, 504)
-  t.same(json(res), { error: { code: 'upstream_timeout', message: 'the upstream did not answer in time' } })
+  t.same(json(res), { error: { code: 'upstream_timeout', message: 'the upstream did not answer in time (COS_UPSTREAM_TIMEOUT_MS)' } })
   t.equal((await send(`${proxy.url}/fine`)).status, 200, 'next request served')
 })
 

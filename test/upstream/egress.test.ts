@@ -276,7 +276,7 @@ t.test('COS_UPSTREAM_TIMEOUT_MS holds through the egress proxy: a silent upstrea
   t.teardown(async () => { await proxy.close(); await egress.close(); for (const s of sockets) s.destroy(); await new Promise(resolve => silent.close(resolve)) })
   const res = await send(`${proxy.url}/x`)
   t.equal(res.status, 504)
-  t.same(json(res), { error: { code: 'upstream_timeout', message: 'the upstream did not answer in time' } }, 'the upstream was reached: not the proxy\'s fault')
+  t.same(json(res), { error: { code: 'upstream_timeout', message: 'the upstream did not answer in time (COS_UPSTREAM_TIMEOUT_MS)' } }, 'the upstream was reached: not the proxy\'s fault')
   t.equal(egress.saw.length, 1)
 })
 
