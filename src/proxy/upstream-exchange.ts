@@ -146,7 +146,7 @@ export class UpstreamExchange implements Dispatcher.DispatchHandler, Abortable {
     const now = performance.now()
     const route = this.#route
     const request = this.#request
-    if (statusCode < 200 && statusCode !== 101) {
+    if (statusCode > 101 && statusCode < 200) {
       // An interim answer (102 Processing, 103 Early Hints, …; undici fails a
       // bare 100 itself): the final one follows on the same exchange. Skipped,
       // as reply-from did: not forwarded (docs/routing.md says why), not

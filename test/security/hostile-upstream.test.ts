@@ -85,6 +85,7 @@ t.test('malformed upstream answers give a clean 502, and the next request on the
     '/bare-lf': 'HTTP/1.1 200 OK\nContent-Type: text/plain\nContent-Length: 2\n\nok',
     '/status-600': 'HTTP/1.1 600 Odd\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok',
     '/status-999': 'HTTP/1.1 999 Odd\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok',
+    '/status-099': 'HTTP/1.1 099 Odd\r\n\r\n' + OK,
   }
   const up = await startRawUpstream((head, socket) => {
     const path = pathOf(head)
