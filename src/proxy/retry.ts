@@ -3,10 +3,21 @@
 // upstream did. Asked by the exchange (upstream-exchange.ts) after its first
 // attempt only: there is never a third.
 import type { IncomingHttpHeaders } from 'node:http'
+import { errors } from 'undici'
 import type { CredentialStore } from '../credentials/credentials.js'
 import { errorCodes } from '../upstream/error-codes.js'
 
 const RETRY_METHODS: ReadonlySet<string> = new Set(['GET', 'HEAD', 'OPTIONS'])
+
+/**
+ * A 401 about to be retried is read to its end first, so that its connection
+ * is reused, only while it stays this small and this quick: past either (a
+ * hostile or broken upstream) that connection is dropped instead and the
+ * request sent again on another.
+ */
+export const DRAIN_MAX_BYTES = 16 * 1024
+export const DRAIN_MAX_MS = 1000
+export const DRAIN_ABANDONED: Error = Object.assign(new errors.RequestAbortedError('the 401 answer to be retried was too long or too slow to read'), { stack: 'AbortError: 401 not drained' })
 // Failures where the upstream cannot have acted on the request.
 const CONNECTION_FAILURES: ReadonlySet<string> = new Set(['ECONNREFUSED', 'ECONNRESET', 'EPIPE', 'UND_ERR_SOCKET', 'UND_ERR_CLOSED'])
 

@@ -20,23 +20,13 @@ import type { CredentialStore } from '../credentials/credentials.js'
 import { failResponse } from '../client/response.js'
 import { CLIENT_GONE, trackUntilClientGone, untrack, type Abortable } from '../upstream/client-gone.js'
 import type { UpstreamClock } from '../upstream/upstream-clock.js'
-import { isBodyless, retriesAfterFailure, retriesAfterUnauthorized } from './retry.js'
+import { DRAIN_ABANDONED, DRAIN_MAX_BYTES, DRAIN_MAX_MS, isBodyless, retriesAfterFailure, retriesAfterUnauthorized } from './retry.js'
 import { forEachForwardedHeader } from './upstream-headers.js'
 
 type Controller = Dispatcher.DispatchController
 
 /** Bodies up to this size, of a declared length, are collected and sent with the head in one write. */
 const SMALL_BODY_BYTES = 16 * 1024
-
-/**
- * A 401 about to be retried is read to its end, so that its connection is
- * reused, only while it stays this small and this quick: past either bound
- * (a hostile or broken upstream) that connection is dropped instead and the
- * request sent again on another.
- */
-const DRAIN_MAX_BYTES = 16 * 1024
-const DRAIN_MAX_MS = 1000
-const DRAIN_ABANDONED: Error = Object.assign(new errors.RequestAbortedError('the 401 answer to be retried was too long or too slow to read'), { stack: 'AbortError: 401 not drained' })
 
 /** What the exchange reports; the metrics registry implements it. */
 export interface ExchangeObserver {
@@ -129,13 +119,11 @@ export class UpstreamExchange implements Dispatcher.DispatchHandler, Abortable {
   }
 
   /**
-   * undici is about to write the request on a connection. When its client
-   * left while it waited in the pool's queue, it is failed by throwing, not
-   * by controller.abort(): that abort is for a request on the wire and
-   * destroys the connection with it (a fresh one, a TLS handshake, for the
-   * next request). A throw from here fails the request before a byte is
-   * written (undici's writeH1 catches it and hands it to onResponseError),
-   * and the connection goes on to the next request in the queue.
+   * About to be written on a connection. A request whose client left while it
+   * was queued fails by a throw (undici's writeH1 catches it before a byte is
+   * written, and the connection serves the next in the queue), not by
+   * controller.abort(), which destroys the connection (a new one, a TLS
+   * handshake, for the next request).
    */
   onRequestStart (controller: Controller): void {
     if (this.#gone !== undefined) throw this.#gone
@@ -147,12 +135,10 @@ export class UpstreamExchange implements Dispatcher.DispatchHandler, Abortable {
     const route = this.#route
     const request = this.#request
     if (statusCode > 101 && statusCode < 200) {
-      // An interim answer (102 Processing, 103 Early Hints, …; undici fails a
-      // bare 100 itself): the final one follows on the same exchange. Skipped,
-      // as reply-from did: not forwarded (docs/routing.md says why), not
-      // counted as an answer. undici restarts its headers timer on each, so a
-      // stream of them would hold the request forever: past the timeout from
-      // sending, the next one ends it as a headers timeout (504).
+      // Interim (102, 103, …; undici fails a bare 100): skipped as reply-from
+      // did, not forwarded (docs/routing.md says why) nor counted. undici
+      // restarts its headers timer on each: past the timeout from sending,
+      // the next one ends the request as a headers timeout (504).
       if (now - request.upstreamStart > (route.headersTimeoutMs ?? Infinity)) controller.abort(new errors.HeadersTimeoutError('interim answers only, no final answer within the upstream timeout'))
       return
     }
