@@ -83,15 +83,15 @@ t.test('abandoned requests queued in the pool open no new upstream connection: 5
   const queued = (): number => pool.stats?.pending ?? -1
 
   clients.push(await client(address.port, '/busy'), await client(address.port, '/busy'))
-  t.ok(await until(() => up.heads.length === 2), 'two requests hold both upstream connections')
+  t.ok(await until(() => up.heads.length === 2, 5000), 'two requests hold both upstream connections')
   const abandoned = await Promise.all(Array.from({ length: 50 }, () => client(address.port, '/queued')))
   clients.push(...abandoned)
-  t.ok(await until(() => queued() === 50, 3000), `50 requests wait in the pool's queue (${queued()})`)
+  t.ok(await until(() => queued() === 50, 5000), `50 requests wait in the pool's queue (${queued()})`)
   for (const c of abandoned) c.destroy()
-  t.ok(await until(() => logs.records.filter(r => r.msg === 'request' && r.status === 499).length === 50, 3000), 'the 50 are logged as 499 once their clients are gone')
+  t.ok(await until(() => logs.records.filter(r => r.msg === 'request' && r.status === 499).length === 50, 5000), 'the 50 are logged as 499 once their clients are gone')
 
   up.release()
-  t.ok(await until(() => pool.stats?.pending === 0 && pool.stats.running === 0, 3000), 'the queue empties')
+  t.ok(await until(() => pool.stats?.pending === 0 && pool.stats.running === 0, 5000), 'the queue empties')
   const res = await send(`http://127.0.0.1:${address.port}/after`)
   t.equal(res.status, 200, 'the next request is answered')
   t.equal(up.accepted(), 2, 'the upstream accepted no connection beyond the two it had')
