@@ -147,7 +147,7 @@ export class UpstreamExchange implements Dispatcher.DispatchHandler, Abortable {
       this.#stage = Stage.Retrying
       route.observer?.retried(route.name, 'unauthorized')
       const length = headers['content-length']
-      if (typeof length === 'string' && !(Number(length) <= DRAIN_MAX_BYTES)) this.#redial(controller)
+      if (typeof length === 'string' && !(Number(length) <= DRAIN_MAX_BYTES) && request.method !== 'HEAD') this.#redial(controller)
       else this.#drainTimer = setTimeout(() => { this.#redial(controller) }, DRAIN_MAX_MS)
       return
     }
