@@ -47,7 +47,7 @@ LABEL cos-auth-proxy.stage=build
 COPY --from=build /src/dist/cos-auth-proxy.mjs /app/dist/
 USER 65532:65532
 ENV NODE_COMPILE_CACHE=/tmp/compile-cache
-RUN ["/nodejs/bin/node", "--max-semi-space-size=16", "/app/dist/cos-auth-proxy.mjs", "help"]
+RUN ["/nodejs/bin/node", "--max-semi-space-size=8", "/app/dist/cos-auth-proxy.mjs", "help"]
 
 FROM gcr.io/distroless/nodejs24-debian12:nonroot
 # The default is package.json's version (test/version.test.ts keeps them equal;
@@ -67,14 +67,17 @@ LABEL org.opencontainers.image.title="cos-auth-proxy" \
 # MALLOC_ARENA_MAX=2: glibc keeps two malloc arenas instead of up to 8 per
 # core, which holds native memory down; `npm start` cannot set it (no
 # wrapper), so README.md and docs/development.md tell you to export it to match the image.
-# --max-old-space-size-percentage=50 (Node >= 24, so not in `npm start`):
-# the old space follows the container's memory limit (160 MiB under the
-# chart's 320Mi) instead of V8's floor of 256 MiB below 1 GiB, which with the
-# young generation and ~100 MB outside the heap would exceed the limit and
-# get the container OOM-killed before V8 collects (docs/performance.md).
+# NODE_OPTIONS=--max-old-space-size=64: the old space is capped at 64 MiB
+# whatever the memory limit (the sidecar's own load, not its pod's, sets
+# what it needs: ~15 MB live after a full collection). With the 8 MB
+# semi-spaces of the ENTRYPOINT, V8's heap limit is 88 MiB, which with the
+# ~100 MB the rest of the process may take fits the chart's 192Mi limit:
+# V8 collects before the container is OOM-killed (docs/performance.md,
+# "Settings that move together"). Sized from the limit instead
+# (--max-old-space-size-percentage), the heap kept garbage up to its cap.
 # Setting NODE_OPTIONS in the pod replaces it: keep it in what you set.
 ENV NODE_ENV=production \
-    NODE_OPTIONS=--max-old-space-size-percentage=50 \
+    NODE_OPTIONS=--max-old-space-size=64 \
     MALLOC_ARENA_MAX=2 \
     MALLOC_MMAP_THRESHOLD_=32768 \
     NODE_COMPILE_CACHE=/app/compile-cache \
@@ -94,8 +97,8 @@ HEALTHCHECK --interval=10s --timeout=5s --start-period=15s --retries=3 \
   CMD ["/nodejs/bin/node", "/app/dist/cos-auth-proxy.mjs", "wait", "--timeout", "3"]
 # node is PID 1 and handles SIGTERM itself: drain, then exit 0.
 # The same file and Node flags as `npm start` (package.json); a test keeps
-# the two equal. Heap flags: the young generation capped at 16 MB per
-# semi-space; the old space sized from the memory limit by NODE_OPTIONS above
+# the two equal. Heap flags: the young generation capped at 8 MB per
+# semi-space; the old space capped by NODE_OPTIONS above
 # (docs/performance.md, "Settings that move together").
-ENTRYPOINT ["/nodejs/bin/node", "--max-semi-space-size=16", "/app/dist/cos-auth-proxy.mjs"]
+ENTRYPOINT ["/nodejs/bin/node", "--max-semi-space-size=8", "/app/dist/cos-auth-proxy.mjs"]
 CMD ["serve"]

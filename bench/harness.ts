@@ -182,6 +182,12 @@ export interface SpawnOptions {
   /** Where stdout goes: piped to us, an already open file descriptor, or another child's stdin. */
   readonly stdout?: 'pipe' | number | Writable
   readonly nodeArgs?: readonly string[]
+  /**
+   * A cgroup (v1 or v2) directory the process joins before it execs, as the
+   * kubelet starts a container's process inside its memory cgroup: every
+   * byte it ever allocates is charged there (bench/soak.ts).
+   */
+  readonly cgroup?: string
 }
 
 export function spawnNode (name: string, script: string, args: readonly string[], opts: SpawnOptions = {}): Child {
@@ -190,9 +196,13 @@ export function spawnNode (name: string, script: string, args: readonly string[]
 
 /** Any executable (e.g. the Go signer), registered and pinned as spawnNode's children are. */
 export function spawnProgram (name: string, program: string, args: readonly string[], opts: Omit<SpawnOptions, 'nodeArgs'> = {}): Child {
-  const [command, argv] = opts.core === undefined
+  const [pinned, pinnedArgv] = opts.core === undefined
     ? [program, args]
     : ['taskset', ['-c', String(opts.core), program, ...args]]
+  // sh writes its own pid into the cgroup, then execs: the pid stays the program's.
+  const [command, argv] = opts.cgroup === undefined
+    ? [pinned, pinnedArgv]
+    : ['sh', ['-c', 'echo $$ > "$0/cgroup.procs" && exec "$@"', opts.cgroup, pinned, ...pinnedArgv]]
   // stdin is a pipe the child never gets data from: our own bench children
   // exit when it closes, so they do not outlive a killed benchmark.
   const proc = spawn(command, argv, {
@@ -373,6 +383,8 @@ export interface ProxyStart {
   readonly build?: Build
   /** Added to the proxy's environment (e.g. MALLOC_ARENA_MAX). */
   readonly env?: Readonly<Record<string, string>>
+  /** A cgroup directory the proxy runs in (see SpawnOptions.cgroup). */
+  readonly cgroup?: string
 }
 
 /** This checkout's proxy as its image runs it (read once). */
@@ -459,6 +471,7 @@ export async function startProxy (s: ProxyStart): Promise<Server> {
       cwd: s.cwd,
       stdout: pipe,
       ...(s.core === undefined ? {} : { core: s.core }),
+      ...(s.cgroup === undefined ? {} : { cgroup: s.cgroup }),
       nodeArgs: [...build.nodeArgs, ...(s.nodeArgs ?? [])],
     })
   } finally {

@@ -41,8 +41,8 @@ export const SIDECAR = {
   credentialsDefaultMode: 0o444,
   proxyPort: 8080,
   adminPort: 9090,
-  requests: { cpu: '50m', memory: '192Mi' },
-  limits: { cpu: '1', memory: '320Mi' },
+  requests: { cpu: '50m', memory: '96Mi' },
+  limits: { cpu: '1', memory: '192Mi' },
   runAsUser: 65532,
   runAsGroup: 65532,
   probes: {
@@ -134,7 +134,7 @@ export function credentialsVolume (secretName: string): Record<string, unknown> 
 }
 
 /** The image's NODE_OPTIONS (Dockerfile): pinned as it is when a pod's ConfigMap is used. */
-export const IMAGE_NODE_OPTIONS = '--max-old-space-size-percentage=50'
+export const IMAGE_NODE_OPTIONS = '--max-old-space-size=64'
 
 /**
  * What a pod's own ConfigMap (cos-auth-proxy.io/env-from-configmap) may set:

@@ -1,0 +1,313 @@
+// npm run bench:soak -- [--limit 192] [--minutes 10] [--connections 256] [--node <path>] [--node-args="<flags>"] [--env NAME=value …]
+//                       [--no-limit] [--level info] [--out <name>]
+//
+// The proxy under a real memory limit, as the kubelet sets one: a Linux
+// memory cgroup (v1 `memory.limit_in_bytes`, or v2 `memory.max`) created
+// for the run, the proxy's process put in it before it execs (so every byte
+// it allocates is charged there and Node reads the limit from it, as in a
+// container), run as the image runs it (the bundle with the Dockerfile's
+// Node flags and environment, bench/image.ts), then driven with
+// `--connections` keep-alive connections by autocannon for `--minutes`
+// against the benchmark's upstream (both outside the cgroup, on the other
+// core). Needs root (or a writable cgroup tree) and Linux.
+//
+// Reports, and writes to bench/results/<time>-soak.json: the cgroup's peak
+// usage (v1 memory.max_usage_in_bytes / v2 memory.peak), its failcnt (v1:
+// how often the limit was hit and the kernel had to reclaim; v2: the
+// `max` count of memory.events), OOM kills (v1 memory.oom_control's
+// oom_kill, v2 memory.events' oom_kill), whether the proxy was still alive
+// at the end, its own VmHWM, V8's heap limit as Node computed it inside the
+// cgroup, the working set over time (usage less inactive file pages, the
+// kubelet's figure), and autocannon's requests, non-2xx answers, errors
+// and timeouts. The cgroup and every process are removed on exit, also on
+// Ctrl-C or an error.
+//
+// `--limit` defaults to the chart's resources.limits.memory
+// (helm/cos-auth-proxy/values.yaml). `--no-limit` runs the same load
+// without a cgroup (peak RSS as `npm run bench` measures it).
+import { execFileSync } from 'node:child_process'
+import { existsSync, mkdirSync, readFileSync, rmdirSync, writeFileSync } from 'node:fs'
+import { isAbsolute, join } from 'node:path'
+import { parseArgs } from 'node:util'
+import { fixed, table } from './format.js'
+import {
+  BENCH_DIR, ROOT, cpuTicks, nodeUnderTest, parseEnv, thisBuild, splitArgs, useNode, choosePinning, installCleanup, machine, pinProcess, runLoad, scratchDir, startProxy,
+  startUpstream, stopAll, stopChild, vmMB, SMALL_PATH,
+} from './harness.js'
+
+const { values } = parseArgs({
+  options: {
+    limit: { type: 'string' },
+    'no-limit': { type: 'boolean', default: false },
+    minutes: { type: 'string', default: '10' },
+    connections: { type: 'string', default: '256' },
+    level: { type: 'string', default: 'info' },
+    node: { type: 'string' },
+    'node-args': { type: 'string' },
+    env: { type: 'string', multiple: true },
+    out: { type: 'string' },
+    help: { type: 'boolean', default: false },
+  },
+})
+if (values.help) {
+  process.stdout.write(readFileSync(new URL(import.meta.url), 'utf8').split('\n').filter(l => l.startsWith('//')).map(l => l.slice(3)).join('\n') + '\n')
+  process.exit(0)
+}
+useNode(values.node)
+const minutes = Number(values.minutes)
+const connections = Number(values.connections)
+if (!(minutes > 0) || !(connections > 0)) throw new Error('--minutes and --connections must be positive numbers')
+const progress = (s: string): void => { process.stderr.write(s + '\n') }
+const MiB = 1024 * 1024
+
+/** The chart's resources.limits.memory, in MiB. */
+function chartLimitMiB (): number {
+  const text = readFileSync(join(ROOT, 'helm', 'cos-auth-proxy', 'values.yaml'), 'utf8')
+  const m = /^resources:\n(?:[ #].*\n)*?\s+limits:\n(?:\s+\w+:.*\n)*?\s+memory:\s*"?(\d+)Mi"?/m.exec(text)
+  if (m?.[1] === undefined) throw new Error('no resources.limits.memory in helm/cos-auth-proxy/values.yaml')
+  return Number(m[1])
+}
+
+// ---------------------------------------------------------------------------
+// The memory cgroup: v1 (/sys/fs/cgroup/memory) or v2 (/sys/fs/cgroup with cgroup.controllers).
+
+interface Cgroup {
+  readonly version: 1 | 2
+  readonly dir: string
+  /** Bytes charged now. */
+  usage: () => number
+  /** Peak bytes charged since creation. */
+  peak: () => number
+  /** v1 memory.failcnt; v2 memory.events `max`. */
+  failcnt: () => number
+  oomKills: () => number
+  /** Bytes of inactive file pages (usage less this is the kubelet's working set). */
+  inactiveFile: () => number
+  /** Anonymous bytes charged. */
+  anon: () => number
+  remove: () => void
+}
+
+const read = (file: string): string => readFileSync(file, 'utf8')
+const field = (text: string, name: string): number => Number(new RegExp(`^${name} (\\d+)$`, 'm').exec(text)?.[1] ?? Number.NaN)
+
+function createCgroup (limitBytes: number): Cgroup {
+  const name = `cos-auth-proxy-soak-${process.pid}`
+  const remover = (dir: string) => (): void => {
+    // The processes are gone (stopAll awaited them); an emptied cgroup may take a moment to be released.
+    for (let i = 0; i < 50 && existsSync(dir); i++) {
+      try { rmdirSync(dir) } catch { Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 100) }
+    }
+    if (existsSync(dir)) process.stderr.write(`soak: could not remove ${dir}: remove it with rmdir once its processes are gone\n`)
+  }
+  if (existsSync('/sys/fs/cgroup/memory/memory.limit_in_bytes')) {
+    const dir = join('/sys/fs/cgroup/memory', name)
+    mkdirSync(dir)
+    const remove = remover(dir)
+    try {
+      writeFileSync(join(dir, 'memory.limit_in_bytes'), String(limitBytes))
+      // No swap for a container (the kubelet's default): memory+swap at the same limit.
+      if (existsSync(join(dir, 'memory.memsw.limit_in_bytes'))) writeFileSync(join(dir, 'memory.memsw.limit_in_bytes'), String(limitBytes))
+    } catch (err) {
+      remove()
+      throw err
+    }
+    return {
+      version: 1,
+      dir,
+      usage: () => Number(read(join(dir, 'memory.usage_in_bytes'))),
+      peak: () => Number(read(join(dir, 'memory.max_usage_in_bytes'))),
+      failcnt: () => Number(read(join(dir, 'memory.failcnt'))),
+      oomKills: () => field(read(join(dir, 'memory.oom_control')), 'oom_kill'),
+      inactiveFile: () => field(read(join(dir, 'memory.stat')), 'total_inactive_file'),
+      anon: () => field(read(join(dir, 'memory.stat')), 'total_rss'),
+      remove,
+    }
+  }
+  if (existsSync('/sys/fs/cgroup/cgroup.controllers')) {
+    const dir = join('/sys/fs/cgroup', name)
+    mkdirSync(dir)
+    const remove = remover(dir)
+    try {
+      writeFileSync(join(dir, 'memory.max'), String(limitBytes))
+      if (existsSync(join(dir, 'memory.swap.max'))) writeFileSync(join(dir, 'memory.swap.max'), '0')
+    } catch (err) {
+      remove()
+      throw err
+    }
+    return {
+      version: 2,
+      dir,
+      usage: () => Number(read(join(dir, 'memory.current'))),
+      peak: () => existsSync(join(dir, 'memory.peak')) ? Number(read(join(dir, 'memory.peak'))) : Number.NaN,
+      failcnt: () => field(read(join(dir, 'memory.events')), 'max'),
+      oomKills: () => field(read(join(dir, 'memory.events')), 'oom_kill'),
+      inactiveFile: () => field(read(join(dir, 'memory.stat')), 'inactive_file'),
+      anon: () => field(read(join(dir, 'memory.stat')), 'anon'),
+      remove,
+    }
+  }
+  throw new Error('no memory cgroup controller found under /sys/fs/cgroup (cgroup v1 memory or v2 with memory enabled)')
+}
+
+// ---------------------------------------------------------------------------
+
+interface Sample { readonly s: number, readonly usageMB: number, readonly workingSetMB: number, readonly rssMB: number, readonly anonMB: number }
+
+async function main (): Promise<void> {
+  installCleanup()
+  const limitMiB = values['no-limit'] ? undefined : values.limit === undefined ? chartLimitMiB() : Number(values.limit)
+  if (limitMiB !== undefined && !(limitMiB > 0)) throw new Error('--limit wants MiB, e.g. --limit 192')
+  const m = machine()
+  const pin = choosePinning(m.cores, true)
+  pinProcess(process.pid, pin.loadgen)
+  const build = thisBuild()
+  const nodeArgs = splitArgs(values['node-args'])
+  const env = parseEnv(values.env)
+  const cgroup = limitMiB === undefined ? undefined : createCgroup(limitMiB * MiB)
+  let removed = false
+  const removeCgroup = (): void => { if (!removed && cgroup !== undefined) { removed = true; cgroup.remove() } }
+  process.on('exit', removeCgroup)
+  const scratch = scratchDir()
+  const started = new Date()
+  const load0 = read('/proc/loadavg').split(' ').slice(0, 3).join(' ')
+  try {
+    progress(`soak: ${connections} connections for ${minutes} min, ${limitMiB === undefined ? 'no memory limit' : `in ${cgroup?.dir} (limit ${limitMiB} MiB, cgroup v${cgroup?.version})`}\n  proxy: ${build.description}${nodeArgs.length > 0 ? ` + ${nodeArgs.join(' ')}` : ''}${Object.keys(env).length > 0 ? ` + ${Object.entries(env).map(([k, v]) => `${k}=${v}`).join(' ')}` : ''}\n  ${m.cpuModel}, ${m.cores} cores, Node ${m.node}; load average ${load0}`)
+    const upstream = await startUpstream(pin.upstream)
+    const proxy = await startProxy({
+      upstreamUrl: upstream.url, logLevel: values.level, logFile: join(scratch.path, 'proxy.log'), cwd: scratch.path, core: pin.sut,
+      nodeArgs, env, build, ...(cgroup === undefined ? {} : { cgroup: cgroup.dir }),
+    })
+    const pid = proxy.child.pid
+    // What Node made of the limit: V8's heap limit, read by the proxy's own flags and environment in the same cgroup.
+    const heapLimitMiB = (() => {
+      try {
+        const probeEnv = { PATH: process.env.PATH, ...build.env, ...env }
+        const args = [...build.nodeArgs, ...nodeArgs, '-p', 'require("v8").getHeapStatistics().heap_size_limit']
+        const node = nodeUnderTest().path
+        const [cmd, argv] = cgroup === undefined ? [node, args] : ['sh', ['-c', 'echo $$ > "$0/cgroup.procs" && exec "$@"', cgroup.dir, node, ...args]]
+        return Number(execFileSync(cmd, argv, { env: probeEnv, encoding: 'utf8' }).trim()) / MiB
+      } catch { return Number.NaN }
+    })()
+    progress(`  proxy ready (pid ${pid}); V8 heap limit under these settings: ${fixed(heapLimitMiB, 0)} MiB`)
+    const samples: Sample[] = []
+    const t0 = performance.now()
+    let lastReport = 0
+    let alive = true
+    const timer = setInterval(() => {
+      const s = (performance.now() - t0) / 1000
+      try {
+        const usage = cgroup?.usage() ?? Number.NaN
+        const sample = { s, usageMB: usage / 1e6, workingSetMB: (usage - (cgroup?.inactiveFile() ?? 0)) / 1e6, rssMB: vmMB(pid, 'VmRSS'), anonMB: vmMB(pid, 'RssAnon') }
+        samples.push(sample)
+        if (s - lastReport >= 30) {
+          lastReport = s
+          progress(`  ${fixed(s, 0).padStart(4)} s: RSS ${fixed(sample.rssMB, 1)} MB (anon ${fixed(sample.anonMB, 1)})${cgroup === undefined ? '' : `, cgroup usage ${fixed(sample.usageMB, 1)} MB, working set ${fixed(sample.workingSetMB, 1)} MB, failcnt ${cgroup.failcnt()}, OOM kills ${cgroup.oomKills()}`}`)
+        }
+      } catch {
+        alive = false // /proc/<pid> is gone: the proxy died
+      }
+    }, 1000)
+    const cpu0 = cpuTicks(pid)
+    let r
+    try {
+      r = await runLoad({ url: proxy.url + SMALL_PATH, connections, duration: minutes * 60 })
+    } finally {
+      clearInterval(timer)
+    }
+    alive &&= existsSync(`/proc/${pid}`) && proxy.child.exitCode === undefined
+    const cpuMsPer1k = alive ? (cpuTicks(pid) - cpu0) * 1000 / m.clockTicks / r.requests * 1000 : Number.NaN
+    const peakRssMB = alive ? vmMB(pid, 'VmHWM') : Number.NaN
+    const result = {
+      schema: 1,
+      startedAt: started.toISOString(),
+      finishedAt: new Date().toISOString(),
+      command: ['npm run bench:soak --', ...process.argv.slice(2)].join(' ').replace(/ --$/, ''),
+      commit: gitCommit(),
+      machine: m,
+      loadAverage: { start: load0, end: read('/proc/loadavg').split(' ').slice(0, 3).join(' ') },
+      proxy: build.description,
+      nodeArgs,
+      env,
+      minutes,
+      connections,
+      limitMiB: limitMiB ?? null,
+      cgroupVersion: cgroup?.version ?? null,
+      heapLimitMiB,
+      proxyAliveAtEnd: alive,
+      proxyExitCode: proxy.child.exitCode ?? null,
+      peakRssMB,
+      cgroupPeakMB: cgroup === undefined ? null : cgroup.peak() / 1e6,
+      maxWorkingSetMB: cgroup === undefined ? null : Math.max(...samples.map(x => x.workingSetMB)),
+      failcnt: cgroup?.failcnt() ?? null,
+      oomKills: cgroup?.oomKills() ?? null,
+      requests: r.requests,
+      rps: r.rps,
+      cpuMsPer1k,
+      non2xx: r.non2xx,
+      errors: r.errors,
+      latencyMs: r.latency,
+      samples: samples.map(x => [Math.round(x.s), +x.rssMB.toFixed(1), +x.usageMB.toFixed(1), +x.workingSetMB.toFixed(1)]),
+    }
+    /** The largest RSS sampled in each quarter of the run: a leak climbs from quarter to quarter, a saw-tooth does not. */
+    const quarter = (q: number): number => {
+      const T = minutes * 60
+      const xs = samples.filter(x => x.s >= q * T && x.s < (q + 0.25) * T).map(x => x.rssMB)
+      return xs.length === 0 ? Number.NaN : Math.max(...xs)
+    }
+    await stopChild(proxy.child)
+    await stopAll()
+    removeCgroup()
+    process.stdout.write([
+      `# soak: ${connections} connections, ${minutes} min, ${limitMiB === undefined ? 'no memory limit' : `memory cgroup v${cgroup?.version} limit ${limitMiB} MiB`} (${started.toISOString()}${result.commit === undefined ? '' : `, commit ${result.commit}`})`,
+      `machine: ${m.cpuModel}, ${m.cores} cores, Node ${m.node}; load average ${result.loadAverage.start} at the start, ${result.loadAverage.end} at the end`,
+      `proxy: ${build.description}${nodeArgs.length > 0 ? `; added Node flags ${nodeArgs.join(' ')}` : ''}${Object.keys(env).length > 0 ? `; added environment ${Object.entries(env).map(([k, v]) => `${k}=${v}`).join(' ')}` : ''}`,
+      `V8 heap limit: ${fixed(heapLimitMiB, 0)} MiB`,
+      '',
+      table(['figure', 'value'], [
+        ['requests (req/s)', `${r.requests} (${fixed(r.rps, 0)})`],
+        ['proxy CPU ms per 1,000 requests', fixed(cpuMsPer1k, 1)],
+        ['non-2xx answers / errors and timeouts', `${r.non2xx} / ${r.errors}`],
+        ['p50 / p99 / max latency, ms', `${fixed(r.latency.p50)} / ${fixed(r.latency.p99)} / ${fixed(r.latency.max, 0)}`],
+        ['proxy alive at the end', alive ? 'yes' : `NO (exit ${String(proxy.child.exitCode)})`],
+        ['proxy peak RSS (VmHWM), MB', fixed(peakRssMB, 1)],
+        ...(cgroup === undefined
+          ? []
+          : [
+              [`cgroup peak usage (${cgroup.version === 1 ? 'memory.max_usage_in_bytes' : 'memory.peak'}), MB`, fixed(result.cgroupPeakMB ?? Number.NaN, 1)],
+              ['max working set (usage − inactive file), MB', fixed(result.maxWorkingSetMB ?? Number.NaN, 1)],
+              [cgroup.version === 1 ? 'memory.failcnt' : 'memory.events max', String(result.failcnt)],
+              ['OOM kills', String(result.oomKills)],
+            ]),
+        ['max RSS per quarter of the run, MB', [0, 0.25, 0.5, 0.75].map(q => fixed(quarter(q), 1)).join(' / ')],
+      ]),
+    ].join('\n') + '\n')
+    const dir = join(BENCH_DIR, 'results')
+    mkdirSync(dir, { recursive: true })
+    const name = values.out ?? `${started.toISOString().replace(/\.\d+Z$/, 'Z').replace(/:/g, '-')}-soak.json`
+    const file = isAbsolute(name) ? name : join(dir, name)
+    writeFileSync(file, JSON.stringify(result, null, 2) + '\n')
+    progress(`results: ${isAbsolute(name) ? name : `bench/results/${name}`}`)
+    if (!alive || (result.oomKills ?? 0) > 0 || r.non2xx + r.errors > 0) process.exitCode = 1
+  } finally {
+    await stopAll()
+    removeCgroup()
+    scratch.remove()
+  }
+}
+
+function gitCommit (): string | undefined {
+  try {
+    const head = execFileSync('git', ['rev-parse', '--short', 'HEAD'], { cwd: ROOT, encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim()
+    const dirty = execFileSync('git', ['status', '--porcelain', '--untracked-files=no'], { cwd: ROOT, encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim() !== ''
+    return head + (dirty ? '+dirty' : '')
+  } catch {
+    return undefined
+  }
+}
+
+main().catch(async (err: unknown) => {
+  process.stderr.write(`soak: ${err instanceof Error ? err.stack ?? err.message : String(err)}\n`)
+  await stopAll()
+  process.exit(1)
+})
