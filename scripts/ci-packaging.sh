@@ -384,7 +384,8 @@ node24_tests() {
   echo "tests under $("$n24" --version) ($n24)"
   # node24 first in PATH: npm, tsc and tap run on it, and the tests' child
   # processes (process.execPath) do too.
-  PATH="$bin:$PATH" npm test 2>&1 | tee "$WORK/tests.log"
+  # npm reads its global npmrc next to the node it runs on: keep the machine's (cafile, registry).
+  npm_config_globalconfig="${npm_config_globalconfig:-$(npm config get globalconfig)}" PATH="$bin:$PATH" npm test 2>&1 | tee "$WORK/tests.log"
   rc=${PIPESTATUS[0]}
   local summary; summary="$(grep -E '^# \{ total: [0-9]+' "$WORK/tests.log" | tail -n 1)"
   echo "node24-tests: $("$n24" --version): ${summary:-no tap summary}, exit $rc"
