@@ -238,7 +238,7 @@ async function main (): Promise<void> {
       proxyExitCode: proxy.child.exitCode ?? null,
       peakRssMB,
       cgroupPeakMB: cgroup === undefined ? null : cgroup.peak() / 1e6,
-      maxWorkingSetMB: cgroup === undefined ? null : Math.max(...samples.map(x => x.workingSetMB)),
+      maxWorkingSetMB: cgroup === undefined ? null : samples.length === 0 ? Number.NaN : Math.max(...samples.map(x => x.workingSetMB)),
       failcnt: cgroup?.failcnt() ?? null,
       oomKills: cgroup?.oomKills() ?? null,
       requests: r.requests,
@@ -269,7 +269,7 @@ async function main (): Promise<void> {
         ['proxy CPU ms per 1,000 requests', fixed(cpuMsPer1k, 1)],
         ['non-2xx answers / errors and timeouts', `${r.non2xx} / ${r.errors}`],
         ['p50 / p99 / max latency, ms', `${fixed(r.latency.p50)} / ${fixed(r.latency.p99)} / ${fixed(r.latency.max, 0)}`],
-        ['proxy alive at the end', alive ? 'yes' : `NO (exit ${String(proxy.child.exitCode)})`],
+        ['proxy alive at the end', alive ? 'yes' : `NO (${proxy.child.exitCode === null ? `killed by ${String(proxy.child.proc.signalCode)}` : `exit ${String(proxy.child.exitCode)}`})`],
         ['proxy peak RSS (VmHWM), MB', fixed(peakRssMB, 1)],
         ...(cgroup === undefined
           ? []
