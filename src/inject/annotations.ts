@@ -23,6 +23,11 @@ export const DEFAULT_ENV_NAME = 'COS_PROXY_URL'
 /** The upstream route settings, by the variable that lists a route's methods (the route table's). */
 export const ROUTE_METHOD_VARIABLES: Readonly<Record<string, string>> = Object.fromEntries(ROUTE_TABLE.map(r => [r.url, r.methods]))
 
+/** A refused value as the refusal quotes it: at most 64 characters of it (an annotation may hold 256 KiB, and the message reaches the API server, its client and the log). */
+export function got (value: string): string {
+  return value.length <= 64 ? JSON.stringify(value) : `${JSON.stringify(value.slice(0, 64))}… (${value.length} characters)`
+}
+
 export class AnnotationProblem extends Error {
   readonly annotation: string
   constructor (annotation: string, problem: string) {
@@ -35,7 +40,7 @@ export class AnnotationProblem extends Error {
 const OBJECT_NAME = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$/
 
 function objectName (annotation: string, value: string, what: string): string {
-  if (value.length > 253 || !OBJECT_NAME.test(value)) throw new AnnotationProblem(annotation, `must be a ${what} name (lower-case DNS subdomain), got ${JSON.stringify(value)}`)
+  if (value.length > 253 || !OBJECT_NAME.test(value)) throw new AnnotationProblem(annotation, `must be a ${what} name (lower-case DNS subdomain), got ${got(value)}`)
   return value
 }
 
@@ -56,26 +61,26 @@ const ENV_NAME = /^[-._a-zA-Z][-._a-zA-Z0-9]*$/
 
 export function envVarName (annotated: string | undefined): string {
   if (annotated === undefined) return DEFAULT_ENV_NAME
-  if (!ENV_NAME.test(annotated)) throw new AnnotationProblem(ANNOTATIONS.env, `must be an environment variable name like ${DEFAULT_ENV_NAME}, got ${JSON.stringify(annotated)}`)
+  if (!ENV_NAME.test(annotated)) throw new AnnotationProblem(ANNOTATIONS.env, `must be an environment variable name like ${DEFAULT_ENV_NAME}, got ${got(annotated)}`)
   return annotated
 }
 
 export function logLevel (annotated: string | undefined, fallback: string): string {
   if (annotated === undefined) return fallback
-  if (!(LOG_LEVELS as readonly string[]).includes(annotated)) throw new AnnotationProblem(ANNOTATIONS.logLevel, `must be one of ${LOG_LEVELS.join(', ')}, got ${JSON.stringify(annotated)}`)
+  if (!(LOG_LEVELS as readonly string[]).includes(annotated)) throw new AnnotationProblem(ANNOTATIONS.logLevel, `must be one of ${LOG_LEVELS.join(', ')}, got ${got(annotated)}`)
   return annotated
 }
 
 /** COS_ACCESS_LOG for this pod's sidecar: errors, all or off; undefined keeps the definition's. */
 export function accessLog (annotated: string | undefined): string | undefined {
   if (annotated === undefined) return undefined
-  if (!(ACCESS_LOGS as readonly string[]).includes(annotated)) throw new AnnotationProblem(ANNOTATIONS.accessLog, `must be one of ${ACCESS_LOGS.join(', ')}, got ${JSON.stringify(annotated)}`)
+  if (!(ACCESS_LOGS as readonly string[]).includes(annotated)) throw new AnnotationProblem(ANNOTATIONS.accessLog, `must be one of ${ACCESS_LOGS.join(', ')}, got ${got(annotated)}`)
   return annotated
 }
 
 export function port (annotated: string): number {
   const n = /^[0-9]{1,5}$/.test(annotated) ? Number(annotated) : NaN
-  if (!(n >= 1 && n <= 65535)) throw new AnnotationProblem(ANNOTATIONS.port, `must be a port number 1-65535, got ${JSON.stringify(annotated)}`)
+  if (!(n >= 1 && n <= 65535)) throw new AnnotationProblem(ANNOTATIONS.port, `must be a port number 1-65535, got ${got(annotated)}`)
   return n
 }
 
@@ -97,7 +102,7 @@ export function quantity (annotation: string, text: string | undefined, what: 'c
   if (text === undefined) return undefined
   const value = parseQuantity(text)
   if (value === undefined || !(value > 0)) {
-    throw new AnnotationProblem(annotation, `must be a positive ${what} quantity like ${what === 'cpu' ? '100m or 0.5' : '128Mi or 1Gi'}, got ${JSON.stringify(text)}`)
+    throw new AnnotationProblem(annotation, `must be a positive ${what} quantity like ${what === 'cpu' ? '100m or 0.5' : '128Mi or 1Gi'}, got ${got(text)}`)
   }
   return { text, value }
 }
@@ -113,7 +118,7 @@ export function allowedMethods (annotated: string | undefined): string | undefin
   const methods = annotated.split(',').map(m => m.trim().toUpperCase()).filter(m => m !== '')
   const unknown = methods.find(m => !(PROXY_METHODS as readonly string[]).includes(m))
   if (methods.length === 0 || unknown !== undefined) {
-    throw new AnnotationProblem(ANNOTATIONS.allowedMethods, `must be a comma-separated list of ${PROXY_METHODS.join(', ')}${unknown === undefined ? '' : `, got ${JSON.stringify(unknown)}`}`)
+    throw new AnnotationProblem(ANNOTATIONS.allowedMethods, `must be a comma-separated list of ${PROXY_METHODS.join(', ')}${unknown === undefined ? '' : `, got ${got(unknown)}`}`)
   }
   return [...new Set(methods)].join(',')
 }

@@ -184,6 +184,17 @@ for (const [annotation, value, problem] of BAD) {
   })
 }
 
+t.test('a huge bad annotation value is not echoed whole in the refusal (an annotation may hold 256 KiB)', async t => {
+  for (const annotation of ['cos-auth-proxy.io/log-level', 'cos-auth-proxy.io/secret', 'cos-auth-proxy.io/memory', 'cos-auth-proxy.io/allowed-methods']) {
+    const { review } = inject(appPod({ [annotation]: 'X'.repeat(200_000) }))
+    const message = review.response.status?.message ?? ''
+    t.equal(review.response.allowed, false, annotation)
+    t.ok(message.length < 400, `${annotation}: a ${message.length}-character message`)
+    t.match(message, /"X{64}"… \(200000 characters\)/, `${annotation}: 64 characters of it, and its length`)
+  }
+  t.match(inject(appPod({ 'cos-auth-proxy.io/log-level': 'verbose' })).review.response.status?.message, /got "verbose"$/, 'a short value is quoted whole')
+})
+
 t.test('a pod that names no Secret, on a webhook without a default, is denied naming cos-auth-proxy.io/secret', async t => {
   const { defaultSecret: _omitted, ...noDefault } = EXAMPLE_SETTINGS
   const { review } = inject(appPod(), noDefault)
