@@ -3,57 +3,24 @@
 // their requests are dropped from the queue without touching a socket, so
 // they cost the upstream nothing, not even a fresh connection each (with
 // https:// that would be a TLS handshake each).
-import { connect, createServer, type Socket } from 'node:net'
+import { connect, type Socket } from 'node:net'
 import t from 'tap'
 import { CredentialStore, readPair } from '../../src/credentials/credentials.js'
 import { createLogger } from '../../src/observability/logger.js'
 import { buildProxyServer, upstreamsFor } from '../../src/proxy/proxy-server.js'
-import { LogCapture, listenOnLoopback, send, testConfig, until } from '../support/helpers.js'
-
-interface CountingServer {
-  readonly url: string
-  /** TCP connections accepted so far. */
-  readonly accepted: () => number
-  /** Request heads read so far, by path. */
-  readonly heads: string[]
-  /** Answers every request held so far (`/busy`), keep-alive. */
-  release: () => void
-  close: () => Promise<void>
-}
+import { LogCapture, send, testConfig, until } from '../support/helpers.js'
+import { pathOf, startRawUpstream, type RawUpstream } from '../support/raw.js'
 
 const OK = 'HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 2\r\n\r\nok'
 
-/** An upstream that answers at once, except `/busy`, held until release(); counts the connections it accepts. */
-async function countingServer (): Promise<CountingServer> {
-  const sockets = new Set<Socket>()
+/** An upstream that answers at once, except `/busy`, held until release(); it counts the connections it accepts. */
+async function countingServer (): Promise<RawUpstream & { release: () => void }> {
   const held: Socket[] = []
-  const heads: string[] = []
-  let accepted = 0
-  const server = createServer(socket => {
-    accepted++
-    sockets.add(socket)
-    socket.on('close', () => sockets.delete(socket))
-    socket.on('error', () => undefined)
-    let pending = ''
-    socket.on('data', (chunk: Buffer) => {
-      pending += chunk.toString('latin1')
-      for (let end = pending.indexOf('\r\n\r\n'); end >= 0; end = pending.indexOf('\r\n\r\n')) {
-        const path = pending.slice(0, end).split(' ', 2)[1] ?? ''
-        pending = pending.slice(end + 4)
-        heads.push(path)
-        if (path === '/busy') held.push(socket)
-        else socket.write(OK)
-      }
-    })
+  const up = await startRawUpstream((head, socket) => {
+    if (pathOf(head) === '/busy') held.push(socket)
+    else socket.write(OK)
   })
-  const port = await listenOnLoopback(server)
-  return {
-    url: `http://127.0.0.1:${port}`,
-    accepted: () => accepted,
-    heads,
-    release: () => { for (const s of held.splice(0)) s.write(OK) },
-    close: () => new Promise(resolve => { for (const s of sockets) s.destroy(); server.close(() => resolve()) }),
-  }
+  return { ...up, release: () => { for (const s of held.splice(0)) s.write(OK) } }
 }
 
 /** A raw client that sends one request and keeps its connection until destroyed. */

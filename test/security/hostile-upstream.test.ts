@@ -137,34 +137,16 @@ t.test('bytes an upstream sends past the end of its answer reach no one: not tha
 
 /** A raw upstream for 401 retries: the first request of each test gets `first` (a 401), the re-signed one 200. */
 async function rotatingUpstream (first: (socket: Socket) => void): Promise<{ url: string, firstClosed: () => boolean, requests: () => number, close: () => Promise<void> }> {
-  const sockets = new Set<Socket>()
   let firstClosed = false
-  let requests = 0
-  const server = createNetServer(socket => {
-    sockets.add(socket)
-    socket.on('close', () => sockets.delete(socket))
-    socket.on('error', () => undefined)
-    let pending = ''
-    socket.on('data', (chunk: Buffer) => {
-      pending += chunk.toString('latin1')
-      for (let end = pending.indexOf('\r\n\r\n'); end >= 0; end = pending.indexOf('\r\n\r\n')) {
-        pending = pending.slice(end + 4)
-        if (requests++ % 2 === 0) {
-          socket.once('close', () => { firstClosed = true })
-          first(socket)
-        } else {
-          socket.write(OK)
-        }
-      }
-    })
+  const up = await startRawUpstream((_head, socket) => {
+    if (up.heads.length % 2 === 1) {
+      socket.once('close', () => { firstClosed = true })
+      first(socket)
+    } else {
+      socket.write(OK)
+    }
   })
-  const port = await listenOnLoopback(server)
-  return {
-    url: `http://127.0.0.1:${port}`,
-    firstClosed: () => firstClosed,
-    requests: () => requests,
-    close: () => new Promise(resolve => { for (const s of sockets) s.destroy(); server.close(() => resolve()) }),
-  }
+  return { url: up.url, firstClosed: () => firstClosed, requests: () => up.heads.length, close: up.close }
 }
 
 t.test('the 401 read before a key-rotation retry is bounded in size and time: past either, its connection is dropped and the request retried', async t => {

@@ -403,6 +403,8 @@ export interface RawUpstream {
   readonly port: number
   /** Every request head received (bodies are not expected), in order. */
   readonly heads: string[]
+  /** TCP connections accepted so far. */
+  readonly accepted: () => number
   close: () => Promise<void>
 }
 
@@ -414,7 +416,9 @@ export interface RawUpstream {
 export async function startRawUpstream (answer: (head: string, socket: Socket) => void): Promise<RawUpstream> {
   const heads: string[] = []
   const sockets = new Set<Socket>()
+  let accepted = 0
   const server = createServer(socket => {
+    accepted++
     sockets.add(socket)
     socket.on('close', () => sockets.delete(socket))
     socket.on('error', () => undefined)
@@ -434,6 +438,7 @@ export async function startRawUpstream (answer: (head: string, socket: Socket) =
     url: `http://127.0.0.1:${port}`,
     port,
     heads,
+    accepted: () => accepted,
     close: () => new Promise<void>(resolve => { for (const s of sockets) s.destroy(); server.close(() => resolve()) }),
   }
 }
