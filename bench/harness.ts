@@ -797,3 +797,14 @@ export function median (values: readonly number[]): number {
   const mid = v.length >> 1
   return v.length % 2 === 1 ? v[mid] ?? Number.NaN : ((v[mid - 1] ?? 0) + (v[mid] ?? 0)) / 2
 }
+
+/** The commit measured (short hash, `+dirty` with uncommitted changes to tracked files), for a results file. */
+export function gitCommit (): string | undefined {
+  try {
+    const head = execFileSync('git', ['rev-parse', '--short', 'HEAD'], { cwd: ROOT, encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim()
+    const dirty = execFileSync('git', ['status', '--porcelain', '--untracked-files=no'], { cwd: ROOT, encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim() !== ''
+    return head + (dirty ? '+dirty' : '')
+  } catch {
+    return undefined
+  }
+}

@@ -14,16 +14,16 @@
 // tables give medians over the rounds. On a shared machine, the CPU other
 // processes use during each measurement is recorded; a full run waits for a
 // quiet moment before each measurement and repeats one that was disturbed.
-import { execFileSync } from 'node:child_process'
 import { existsSync, mkdirSync, rmSync, writeFileSync } from 'node:fs'
 import { join, resolve } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { parseArgs } from 'node:util'
 import { fixed, ratio, table, type Cell } from './format.js'
 import {
-  BENCH_DIR, ROOT, bare, parseEnv, thisBuild, splitArgs, useNode, awaitQuiet, choosePinning, countRequestLines, installCleanup, machine, measure, median, pinProcess,
+  BENCH_DIR, bare, parseEnv, thisBuild, splitArgs, useNode, awaitQuiet, choosePinning, countRequestLines, installCleanup, machine, measure, median, pinProcess,
   noiseProbe, runLoad, runPaced, scratchDir, spawnNode, startFloor, startProxy, startUpstream, stopAll, stopChild, vmMB,
   SMALL_PATH, workloadLoad, type Workload, type Latency, type LoadResult, type Machine, type Measured, type Pinning, type Server, type Upstream,
+  gitCommit,
 } from './harness.js'
 import { buildGoSigner, checkGoSigner, startGoSigner, type GoSigner } from './go-signer.js'
 import { imageBuild, type Build } from './image.js'
@@ -865,16 +865,6 @@ async function goYardstick (scratch: string): Promise<GoSigner & { readonly chec
   const checked = await checkGoSigner(built.binary)
   progress(`  ${built.go}: ${checked}`)
   return { ...built, checked }
-}
-
-function gitCommit (): string | undefined {
-  try {
-    const head = execFileSync('git', ['rev-parse', '--short', 'HEAD'], { cwd: ROOT, encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim()
-    const dirty = execFileSync('git', ['status', '--porcelain', '--untracked-files=no'], { cwd: ROOT, encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim() !== ''
-    return head + (dirty ? '+dirty' : '')
-  } catch {
-    return undefined
-  }
 }
 
 main().catch(async (err: unknown) => {

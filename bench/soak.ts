@@ -32,7 +32,7 @@ import { parseArgs } from 'node:util'
 import { fixed, table } from './format.js'
 import {
   BENCH_DIR, ROOT, cpuTicks, nodeUnderTest, parseEnv, thisBuild, splitArgs, useNode, choosePinning, installCleanup, machine, pinProcess, runLoad, scratchDir, startProxy,
-  startUpstream, stopAll, stopChild, vmMB, SMALL_PATH,
+  startUpstream, stopAll, stopChild, vmMB, SMALL_PATH, gitCommit,
 } from './harness.js'
 
 const { values } = parseArgs({
@@ -293,16 +293,6 @@ async function main (): Promise<void> {
     await stopAll()
     removeCgroup()
     scratch.remove()
-  }
-}
-
-function gitCommit (): string | undefined {
-  try {
-    const head = execFileSync('git', ['rev-parse', '--short', 'HEAD'], { cwd: ROOT, encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim()
-    const dirty = execFileSync('git', ['status', '--porcelain', '--untracked-files=no'], { cwd: ROOT, encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim() !== ''
-    return head + (dirty ? '+dirty' : '')
-  } catch {
-    return undefined
   }
 }
 
