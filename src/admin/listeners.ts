@@ -23,12 +23,12 @@ const WHY: Readonly<Record<string, string>> = {
   EADDRNOTAVAIL: 'is not an address of this host',
 }
 
-/** One clause of the error: `COS_LISTEN_PORT 8080 on 127.0.0.1 is already in use (…) (EADDRINUSE)`; undefined for a failure that is not the port's. */
-export function bindProblem (variable: string, at: ListenAt, err: unknown): string | undefined {
+/** What is wrong with a port: `8080 on 127.0.0.1 is already in use (…) (EADDRINUSE)`; undefined for a failure that is not the port's. */
+export function bindProblem (at: ListenAt, err: unknown): string | undefined {
   const code = (err as { code?: unknown }).code
   const why = typeof code === 'string' ? WHY[code] : undefined
   if (why === undefined) return undefined
-  return `${variable} ${String(at.port)} on ${at.host} ${why} (${code as string})`
+  return `${String(at.port)} on ${at.host} ${why} (${code as string})`
 }
 
 /**
@@ -41,20 +41,19 @@ export async function listenWithAdmin (app: FastifyInstance, listen: ListenAt, a
   const [adminBound] = await Promise.allSettled([admin.listen({ host: adminListen.host, port: adminListen.port })])
   const [appBound] = await Promise.allSettled([app.listen({ host: listen.host, port: listen.port })])
   if (adminBound.status === 'rejected' || appBound.status === 'rejected') {
-    const problems: string[] = []
+    const problems: Array<{ variable: string, problem: string }> = []
     const unexplained: unknown[] = []
     for (const [bound, variable, at] of [[adminBound, variables.admin, adminListen], [appBound, variables.listen, listen]] as const) {
       if (bound.status === 'fulfilled') continue
-      const problem = bindProblem(variable, at, bound.reason)
+      const problem = bindProblem(at, bound.reason)
       if (problem === undefined) unexplained.push(bound.reason)
-      else problems.push(problem)
+      else problems.push({ variable, problem })
     }
     await Promise.allSettled([adminBound.status === 'fulfilled' ? admin.close() : undefined, appBound.status === 'fulfilled' ? app.close() : undefined])
     if (unexplained.length > 0) throw unexplained[0]
-    // ConfigError's message is `${variable} ${problem}`: the first clause names its variable itself.
-    const [first = '', ...rest] = problems
-    const variable = first.slice(0, first.indexOf(' '))
-    throw new ConfigError(variable, `${first.slice(variable.length + 1)}${rest.map(p => `; ${p}`).join('')}: set ${rest.length > 0 ? 'each' : 'it'} to a free port (0 picks one)`)
+    // ConfigError's message is `${variable} ${problem}`: the first variable leads, the others follow as clauses.
+    const [first = { variable: '', problem: '' }, ...rest] = problems
+    throw new ConfigError(first.variable, `${first.problem}${rest.map(r => `; ${r.variable} ${r.problem}`).join('')}: set ${rest.length > 0 ? 'each' : 'it'} to a free port (0 picks one)`)
   }
   const address = app.server.address() as AddressInfo
   const adminAddress = admin.server.address() as AddressInfo
