@@ -416,7 +416,7 @@ const warmedCaches = new Map<string, string>()
  * so the benchmark runs as without an old-space cap either way.
  */
 const nodeOptionsAccepted = new Map<string, boolean>()
-function imageEnvForThisNode (env: Readonly<Record<string, string>>): Record<string, string> {
+export function imageEnvForThisNode (env: Readonly<Record<string, string>>): Record<string, string> {
   const { NODE_OPTIONS: options, ...rest } = env
   if (options === undefined) return rest
   const key = `${nodeBinary}\0${options}`

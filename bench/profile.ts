@@ -2,11 +2,12 @@
 // time goes, in our code (dist/) and in the framework's (node_modules/).
 //
 //   npm run bench:profile -- [--target proxy|floor] [--level info|warn] [--seconds 6] [--connections 32] [--workload small|get-1mib|post-1mib]
-//                            [--rate <req/s>] [--gc] [--node <path>] [--node-args="<flags>"] [--env NAME=value]
+//                            [--rate <req/s>] [--gc] [--alloc] [--node <path>] [--node-args="<flags>"] [--env NAME=value]
 //
 // --rate: a steady open-loop rate (10 keep-alive clients) instead of
 // saturation. --gc: the proxy also runs with --trace-gc, and the scavenges,
-// mark-compacts and their pauses are summarised.
+// mark-compacts and their pauses are summarised. --alloc: also the bytes
+// allocated per request while loaded, by function (bench/alloc.ts).
 //
 // The server runs with `node --cpu-prof`; the profile is written when it
 // exits, kept in bench/results/profiles/ (open it in Chrome DevTools or
@@ -16,6 +17,7 @@
 import { readdirSync, readFileSync, mkdirSync, copyFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { parseArgs } from 'node:util'
+import { allocNodeArgs, allocReport, startSampling, stopSampling } from './alloc.js'
 import { fixed, table } from './format.js'
 import {
   BENCH_DIR, CLI, ROOT, SMALL_PATH, thisBuild, awaitQuiet, cpuTicks, median, noiseProbe, parseEnv, runPaced, splitArgs, useNode, type Measured, choosePinning, installCleanup, machine, measure, pinProcess, runLoad, scratchDir, startFloor,
@@ -180,6 +182,7 @@ async function main (): Promise<void> {
       workload: { type: 'string', default: 'small' },
       rate: { type: 'string' },
       gc: { type: 'boolean', default: false },
+      alloc: { type: 'boolean', default: false },
       node: { type: 'string' },
       'node-args': { type: 'string' },
       env: { type: 'string', multiple: true },
@@ -195,8 +198,9 @@ async function main (): Promise<void> {
   const scratch = scratchDir()
   try {
     const upstream = await startUpstream(pin.upstream)
-    const nodeArgs = ['--cpu-prof', `--cpu-prof-dir=${scratch.path}`, ...(values.gc ? ['--trace-gc'] : []), ...splitArgs(values['node-args'])]
-    const env = parseEnv(values.env)
+    const nodeArgs = ['--cpu-prof', `--cpu-prof-dir=${scratch.path}`, ...(values.gc ? ['--trace-gc'] : []), ...(values.alloc ? allocNodeArgs() : []), ...splitArgs(values['node-args'])]
+    const allocFile = join(scratch.path, 'alloc.json')
+    const env = { ...parseEnv(values.env), ...(values.alloc ? { BENCH_ALLOC_OUT: allocFile } : {}) }
     const logFile = join(scratch.path, 'server.log')
     const server = values.target === 'floor'
       ? await startFloor(upstream.url, pin.sut, nodeArgs, env)
@@ -208,12 +212,14 @@ async function main (): Promise<void> {
     await runLoad(workloadLoad(workload, server.url, connections, 1))
     await awaitQuiet(0.1, 30_000, m.clockTicks) // a shared machine: wait for a quiet moment
     const gcFrom = values.gc && values.target === 'proxy' ? gcLines(logFile).length : 0
+    if (values.alloc) startSampling(server.child.pid)
     const t0 = performance.now()
     const r = rate === undefined
       ? await measure(workloadLoad(workload, server.url, connections, Number(values.seconds)), server.child.pid, upstream.child.pid, m.clockTicks)
       : await measurePaced(server.url + SMALL_PATH, rate, Number(values.seconds), server.child.pid, m.clockTicks)
     const loadedSeconds = (performance.now() - t0) / 1000
     const gc = values.gc && values.target === 'proxy' ? gcSummary(gcLines(logFile).slice(gcFrom), loadedSeconds) : undefined
+    const alloc = values.alloc ? allocReport(await stopSampling(server.child.pid, allocFile), r.load.requests) : undefined
     await stopChild(server.child, 10_000) // the profile is written as it exits
     await stopAll()
     const file = readdirSync(scratch.path).find(f => f.endsWith('.cpuprofile'))
@@ -228,6 +234,7 @@ async function main (): Promise<void> {
       `machine: ${m.cpuModel}, ${m.cores} cores, Node ${m.node}; ${pin.description}; Node flags ${nodeArgs.slice(2).join(' ') || 'none'}`,
       `load: ${fixed(r.load.rps)} req/s, p50 ${fixed(r.load.latency.p50, 2)} ms, p99 ${fixed(r.load.latency.p99, 2)} ms, ${fixed(r.cost.cpuMsPer1k)} CPU ms per 1,000 requests (profiling slows it), other processes ${fixed(r.cost.otherLoad, 2)} cores`,
       ...(gc === undefined ? [] : ['', '### Garbage collection while loaded (--trace-gc)', gc]),
+      ...(alloc === undefined ? [] : ['', alloc]),
       `profile: ${kept.replace(ROOT + '/', '')}`,
       '',
       report(summary),
