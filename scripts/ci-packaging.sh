@@ -246,7 +246,9 @@ render_rules() { # dir: dir/cos-auth-proxy.rules.yaml, the rules as rendered fro
   local helm
   helm="$("$TOOLS/get-helm.sh")" || return 1
   mkdir -p "$1"
-  "$helm" template cos-ci helm/cos-auth-proxy --kube-version 1.29 -f "$RULE_VALUES" --show-only templates/prometheusrule.yaml > "$1/rendered.yaml" || return 1
+  # injector.enabled: the injector's alert too (rendered only with the injector)
+  "$helm" template cos-ci helm/cos-auth-proxy --kube-version 1.29 -f "$RULE_VALUES" --set injector.enabled=true \
+    --show-only templates/prometheusrule.yaml > "$1/rendered.yaml" || return 1
   rules_of "$1/rendered.yaml" "$1/cos-auth-proxy.rules.yaml"
 }
 alert_rules() {

@@ -16,6 +16,7 @@ const NAMES: Record<string, string> = {
   tokenMintingFailing: 'CosAuthProxyTokenMintingFailing',
   upstreamLatency: 'CosAuthProxyUpstreamLatencyHigh',
   clockSkew: 'CosAuthProxyClockSkew',
+  injectorFailOpen: 'CosAuthProxyInjectorFailOpen',
 }
 
 /** What the section must say for a threshold's default. */

@@ -90,8 +90,11 @@ t.test('every metric and label the Grafana dashboard queries is one a running pr
 t.test('every metric and label the alert rules query is one a running proxy exports', async t => {
   const exported = seriesNames(await proxyFamilies(t))
   const labels = await proxyLabels()
-  const exprs = ruleExpressions(RULES)
-  t.equal(exprs.length, 6, 'six alerts')
+  const all = ruleExpressions(RULES)
+  // The injector's alert reads the API server's own series (its test is below).
+  const exprs = all.filter(e => !e.includes('apiserver_'))
+  t.equal(exprs.length, 6, 'six alerts on the proxy\'s metrics')
+  t.equal(all.length, 7, 'and one on the API server\'s')
   for (const expr of exprs) {
     t.ok([...expr.matchAll(METRIC_NAME)].length > 0, `names a metric: ${expr.split('\n')[0] ?? ''}`)
     t.same(unknownNames(expr, exported), [], expr)
@@ -99,11 +102,20 @@ t.test('every metric and label the alert rules query is one a running proxy expo
   }
 })
 
+t.test('the injector\'s alert counts the fail-opens of the webhook the chart renders, by the API server\'s own labels', async t => {
+  const expr = ruleExpressions(RULES).find(e => e.includes('apiserver_')) ?? ''
+  const webhook = /^ {2}- name: (\S+)$/m.exec(read(`${CHART}templates/injector-webhook.yaml`))?.[1]
+  t.ok(webhook !== undefined, 'the chart names its webhook')
+  // kube-apiserver: apiserver_admission_webhook_fail_open_count{name, type}
+  t.match(expr, `apiserver_admission_webhook_fail_open_count{name="${webhook ?? ''}"}`, 'the webhook\'s name as the chart renders it')
+  t.match(expr, /sum by \(name\)/, 'summed over the API servers, kept by webhook')
+})
+
 t.test('each alert\'s runbook_url points at its own section of docs/operations.md', async t => {
   const headings = anchors(DOC)
   const alerts = [...RULES.matchAll(/- alert: (\w+)[\s\S]*?runbook_url: \{\{ \$runbook \}\}#([\w-]+)/g)].map(m => ({ alert: m[1] ?? '', anchor: m[2] ?? '' }))
   t.same(alerts.map(a => a.alert), ['CosAuthProxyNotReady', 'CosAuthProxyUpstreamErrors', 'CosAuthProxyCredentialReloadFailing',
-    'CosAuthProxyTokenMintingFailing', 'CosAuthProxyUpstreamLatencyHigh', 'CosAuthProxyClockSkew'])
+    'CosAuthProxyTokenMintingFailing', 'CosAuthProxyUpstreamLatencyHigh', 'CosAuthProxyClockSkew', 'CosAuthProxyInjectorFailOpen'])
   for (const { alert, anchor } of alerts) {
     t.equal(anchor, alert.toLowerCase(), `${alert}: the anchor of its heading`)
     t.ok(headings.has(anchor), `docs/operations.md has a "${alert}" section (#${anchor})`)
