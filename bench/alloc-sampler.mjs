@@ -5,7 +5,7 @@
 // what stays). The first SIGUSR2 starts it, the second writes the bytes
 // allocated by function to $BENCH_ALLOC_OUT as JSON. Nothing else is done.
 import { Session } from 'node:inspector/promises'
-import { writeFileSync } from 'node:fs'
+import { renameSync, writeFileSync } from 'node:fs'
 import process from 'node:process'
 
 const out = process.env.BENCH_ALLOC_OUT
@@ -37,7 +37,8 @@ if (out !== undefined) {
         const [name, where] = key.split('\t')
         return { name, where, bytes: size }
       })
-      writeFileSync(out, JSON.stringify({ total, sites }))
+      writeFileSync(`${out}.part`, JSON.stringify({ total, sites }))
+      renameSync(`${out}.part`, out) // whole, or not there
     })()
   })
 }

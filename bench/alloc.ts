@@ -21,8 +21,7 @@ export function startSampling (pid: number): void {
 /** Ends the sampling and waits (up to 30 s) for the file it writes. */
 export async function stopSampling (pid: number, file: string): Promise<Sampled> {
   process.kill(pid, 'SIGUSR2')
-  for (let i = 0; i < 300 && !existsSync(file); i++) await sleep(100)
-  await sleep(100) // written in one call; let it finish
+  for (let i = 0; i < 300 && !existsSync(file); i++) await sleep(100) // renamed into place when whole
   return JSON.parse(readFileSync(file, 'utf8')) as Sampled
 }
 
