@@ -100,18 +100,23 @@ function createCgroup (limitBytes: number): Cgroup {
     }
     if (existsSync(dir)) process.stderr.write(`soak: could not remove ${dir}: remove it with rmdir once its processes are gone\n`)
   }
-  if (existsSync('/sys/fs/cgroup/memory/memory.limit_in_bytes')) {
-    const dir = join('/sys/fs/cgroup/memory', name)
+  /** Makes the group and writes its limit files (the optional ones where the kernel has them); removed again if a write fails. */
+  const made = (dir: string, limit: string, optional: readonly [file: string, value: string]): () => void => {
     mkdirSync(dir)
     const remove = remover(dir)
     try {
-      writeFileSync(join(dir, 'memory.limit_in_bytes'), String(limitBytes))
-      // No swap for a container (the kubelet's default): memory+swap at the same limit.
-      if (existsSync(join(dir, 'memory.memsw.limit_in_bytes'))) writeFileSync(join(dir, 'memory.memsw.limit_in_bytes'), String(limitBytes))
+      writeFileSync(join(dir, limit), String(limitBytes))
+      if (existsSync(join(dir, optional[0]))) writeFileSync(join(dir, optional[0]), optional[1])
     } catch (err) {
       remove()
       throw err
     }
+    return remove
+  }
+  if (existsSync('/sys/fs/cgroup/memory/memory.limit_in_bytes')) {
+    const dir = join('/sys/fs/cgroup/memory', name)
+    // No swap for a container (the kubelet's default): memory+swap at the same limit.
+    const remove = made(dir, 'memory.limit_in_bytes', ['memory.memsw.limit_in_bytes', String(limitBytes)])
     return {
       version: 1,
       dir,
@@ -126,15 +131,7 @@ function createCgroup (limitBytes: number): Cgroup {
   }
   if (existsSync('/sys/fs/cgroup/cgroup.controllers')) {
     const dir = join('/sys/fs/cgroup', name)
-    mkdirSync(dir)
-    const remove = remover(dir)
-    try {
-      writeFileSync(join(dir, 'memory.max'), String(limitBytes))
-      if (existsSync(join(dir, 'memory.swap.max'))) writeFileSync(join(dir, 'memory.swap.max'), '0')
-    } catch (err) {
-      remove()
-      throw err
-    }
+    const remove = made(dir, 'memory.max', ['memory.swap.max', '0'])
     return {
       version: 2,
       dir,
