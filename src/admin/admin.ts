@@ -2,7 +2,9 @@
 // instance of its own, so it never shares the proxy's port, hooks or logs.
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify'
 import { fromWebPage } from '../client/browser-checks.js'
-import { reapIdleConnections } from '../client/connections.js'
+import { condemn, droppedBehindRefusal, TOO_MANY_PIPELINED } from '../client/connection-refusals.js'
+import { closeWithConnection, pipelinedBeyondBound, reapIdleConnections } from '../client/connections.js'
+import type { Refusal } from '../client/request-guard.js'
 import { sendError } from '../proxy/errors.js'
 import type { ProxyMetrics } from '../observability/metrics.js'
 
@@ -20,13 +22,13 @@ export interface AdminLimits {
   readonly maxConnections: number
   /** For a request's headers to arrive; a probe sends them at once. */
   readonly headersTimeoutMs: number
-  /** For the whole request (bodies are 1 KiB at most). */
+  /** For the whole request (no route takes a body but POST /quitquitquit, 1 KiB at most, sent with its head). */
   readonly requestTimeoutMs: number
   /** A connection without a request in flight for this long is closed. */
   readonly idleTimeoutMs: number
 }
 
-export const ADMIN_LIMITS: AdminLimits = { maxConnections: 64, headersTimeoutMs: 5_000, requestTimeoutMs: 10_000, idleTimeoutMs: 5_000 }
+export const ADMIN_LIMITS: AdminLimits = { maxConnections: 64, headersTimeoutMs: 5_000, requestTimeoutMs: 5_000, idleTimeoutMs: 5_000 }
 
 export interface AdminOptions {
   /** What /metrics serves: the proxy's, or the injection webhook's (which has no `ready` gauge). */
@@ -56,7 +58,10 @@ const ALLOW: ReadonlyMap<string, string> = new Map([
 
 /** The kubelet probes every few seconds: one debug line per request, nothing at info. */
 class AdminLog extends LogController {
-  override incomingRequest (): void { /* the completion line is enough */ }
+  override incomingRequest (_request: FastifyRequest, reply: FastifyReply): void {
+    // The completion line is enough; a response queued behind another (pipelining) is closed with its connection.
+    if (reply.raw.socket === null) closeWithConnection(reply.raw)
+  }
 
   override requestCompleted (error: Error | null | undefined, request: FastifyRequest, reply: FastifyReply): void {
     const line = {
@@ -79,7 +84,7 @@ export function buildAdminServer (opts: AdminOptions): FastifyInstance {
     // No loggerInstance: Fastify's logger stays off.
     loggerInstance: opts.logger === false ? undefined : opts.logger,
     logController: new AdminLog(),
-    bodyLimit: 1024,
+    bodyLimit: QUIT_BODY_BYTES,
     keepAliveTimeout: limits.idleTimeoutMs,
     requestTimeout: limits.requestTimeoutMs,
     http: {
@@ -104,9 +109,18 @@ function answerRefusalsAndErrors (app: FastifyInstance): void {
   app.removeAllContentTypeParsers()
   app.addContentTypeParser('*', { parseAs: 'buffer' }, (_request, _body, done) => { done(null) })
 
-  // No web page has any business here: a form on any site could otherwise
-  // POST /quitquitquit through the developer's browser.
   app.addHook('onRequest', (request, reply, done) => {
+    if (droppedBehindRefusal(reply)) return
+    const refusal = connectionRefusal(request, reply)
+    if (refusal !== undefined) {
+      // Before the body is read, and nothing more from this connection.
+      condemn(request.raw.socket)
+      reply.header('connection', 'close')
+      sendError(reply, ...refusal)
+      return
+    }
+    // No web page has any business here: a form on any site could otherwise
+    // POST /quitquitquit through the developer's browser.
     if (fromWebPage(request.headers.origin, request.headers['sec-fetch-site'])) {
       sendError(reply, 403, 'forbidden_origin', 'the admin endpoints do not answer web pages (Origin, or Sec-Fetch-Site other than none)')
       return
@@ -134,6 +148,26 @@ function answerRefusalsAndErrors (app: FastifyInstance): void {
     request.log.error({ err: error }, 'admin request failed')
     sendError(reply, 500, 'internal_error', 'the admin endpoint failed')
   })
+}
+
+/** The largest body POST /quitquitquit takes (`curl -d ''` sends none; a form tool may send a few bytes). */
+const QUIT_BODY_BYTES = 1024
+
+/**
+ * What closes an admin connection before its request is handled: more
+ * requests pipelined on it than any prober sends, or a body no admin route
+ * reads (only /quitquitquit takes one, of a declared length of 1 KiB at
+ * most). A body still arriving would hold a connection slot: refused before
+ * it is read.
+ */
+function connectionRefusal (request: FastifyRequest, reply: FastifyReply): Refusal | undefined {
+  if (pipelinedBeyondBound(reply.raw)) return TOO_MANY_PIPELINED
+  const { headers } = request
+  if (headers['transfer-encoding'] !== undefined) return [413, 'payload_too_large', 'the admin endpoints take no chunked body']
+  const length = headers['content-length']
+  if (length === undefined || length === '0') return undefined
+  if (request.method === 'POST' && request.url.split('?', 1)[0] === '/quitquitquit' && Number(length) <= QUIT_BODY_BYTES) return undefined
+  return [413, 'payload_too_large', `the admin endpoints take no body (POST /quitquitquit: ${QUIT_BODY_BYTES} bytes at most)`]
 }
 
 /** /healthz, /readyz, /metrics and POST /quitquitquit. */

@@ -5,8 +5,15 @@
 import type { IncomingMessage } from 'node:http'
 import type { Duplex } from 'node:stream'
 import type { FastifyReply } from 'fastify'
-import type { WithPendingResponse } from './connections.js'
-import { ALLOW, notForwarded } from './request-guard.js'
+import { MAX_OUTSTANDING_PER_CONNECTION, type WithPendingResponse } from './connections.js'
+import { ALLOW, notForwarded, type Refusal } from './request-guard.js'
+
+/**
+ * A request beyond MAX_OUTSTANDING_PER_CONNECTION on its connection
+ * (connections.ts), on any listener: not processed, and the connection
+ * closed after it (condemn), so what was pipelined behind it is dropped.
+ */
+export const TOO_MANY_PIPELINED: Refusal = [503, 'too_many_pipelined', `more than ${MAX_OUTSTANDING_PER_CONNECTION} requests outstanding on one connection: this one and those pipelined behind it were not processed; send them again on a new connection`]
 
 const CLIENT_ERRORS: Readonly<Record<string, readonly [number, string, string]>> = {
   HPE_HEADER_OVERFLOW: [431, 'request_header_fields_too_large', 'the request headers exceed 16 KiB'],

@@ -1,14 +1,23 @@
 // Connection housekeeping shared by the proxy and admin listeners.
-import type { Server, ServerResponse } from 'node:http'
+import type { IncomingMessage, Server, ServerResponse } from 'node:http'
 import type { Socket } from 'node:net'
 import { performance } from 'node:perf_hooks'
 
 /** A server socket as Node's HTTP server keeps it: `_httpMessage` is the response in progress on it, if any. */
 export type WithPendingResponse<T> = T & { _httpMessage?: ServerResponse | null }
 
+/** ... and `parser.incoming` the request it is parsing (a body still arriving), if any. */
+type ServerSocket = WithPendingResponse<Socket> & { parser?: { incoming?: IncomingMessage | null } | null }
+
 interface ConnectionState { lastBusy: number, bytesWritten: number }
 
-type Connections = Map<WithPendingResponse<Socket>, ConnectionState>
+type Connections = Map<ServerSocket, ConnectionState>
+
+/** Whether a request's body is still arriving on the connection: the server has nothing to answer yet. */
+function receiving (socket: ServerSocket): boolean {
+  const incoming = socket.parser?.incoming
+  return incoming != null && !incoming.complete
+}
 
 /**
  * Closes connections that sit without a request in flight for longer than
@@ -18,20 +27,25 @@ type Connections = Map<WithPendingResponse<Socket>, ConnectionState>
  * a slot of COS_MAX_CONNECTIONS indefinitely.
  *
  * Nothing is done per request: a sweep (every second at most) looks at each
- * connection. One with a response under way (`_httpMessage`), or that was
- * written to since the last sweep (only responses write: trickled bytes do
- * not count), is busy now; one that was neither for `idleMs` is closed. So a
- * connection is reaped between idleMs and idleMs + the sweep interval after
- * its last response.
+ * connection. One with a response under way to a request that has arrived
+ * whole (`_httpMessage`), or that was written to since the last sweep (only
+ * responses write: trickled bytes do not count), is busy now; one that was
+ * neither for `idleMs` is closed. So a connection is reaped between idleMs
+ * and idleMs + the sweep interval after its last response. One whose
+ * request body is still arriving is left to the request timeout (a slow
+ * upload is not idle), but is not busy either.
  *
  * With `maxConnections`, a connection that arrives while that many are open
- * displaces the one idle the longest, so that idle connections, however
- * many are opened, cannot lock out a client that comes to send a request
- * (a kubelet's probe); only when none is idle is the newcomer closed.
+ * displaces the one that was busy longest ago among those the server owes
+ * nothing: idle ones, and those still sending a request (headers or body,
+ * however slowly they trickle). So connections, however many are opened and
+ * whatever they send, cannot lock out a client that comes to send a request
+ * (a kubelet's probe); only when every one is waiting for its answer is the
+ * newcomer closed.
  */
 export function reapIdleConnections (server: Server, idleMs: number, maxConnections = Infinity): void {
   const connections: Connections = new Map()
-  server.on('connection', (socket: WithPendingResponse<Socket>) => {
+  server.on('connection', (socket: ServerSocket) => {
     if (connections.size >= maxConnections && !closeIdlest(connections)) {
       socket.destroy()
       return
@@ -43,10 +57,10 @@ export function reapIdleConnections (server: Server, idleMs: number, maxConnecti
     const now = performance.now()
     for (const [socket, state] of connections) {
       const written = socket.bytesWritten
-      if (socket._httpMessage != null || written !== state.bytesWritten) {
+      if (written !== state.bytesWritten || (socket._httpMessage != null && !receiving(socket))) {
         state.lastBusy = now
         state.bytesWritten = written
-      } else if (now - state.lastBusy >= idleMs) {
+      } else if (now - state.lastBusy >= idleMs && !receiving(socket)) {
         connections.delete(socket)
         socket.destroy()
       }
@@ -57,6 +71,19 @@ export function reapIdleConnections (server: Server, idleMs: number, maxConnecti
 
 const QUEUED = Symbol('cos-auth-proxy.queuedResponses')
 type WithQueued = Socket & { [QUEUED]?: ServerResponse[] }
+
+/**
+ * How many requests one connection may have outstanding: the one being
+ * answered and those pipelined behind it. Node parses every request of a
+ * chunk it has read (up to 64 KiB: thousands of short requests) before it
+ * looks at the connection's backlog, so without a bound one connection that
+ * pipelines and never reads makes the process build every answer at once.
+ * curl, Go, Java and browsers pipeline nothing or a handful; a request
+ * beyond the bound is refused (503, `connection: close`, see
+ * `pipelinedBeyondBound`) and what follows it is dropped with the
+ * connection (connection-refusals.ts).
+ */
+export const MAX_OUTSTANDING_PER_CONNECTION = 16
 
 /**
  * A response queued behind another on its connection (HTTP/1.1 pipelining:
@@ -76,13 +103,26 @@ export function closeWithConnection (res: ServerResponse): void {
     queued = []
     socket[QUEUED] = queued
     socket.once('close', closeQueued)
-  } else if (queued.length >= 32) {
-    // A long pipelining connection: forget the ones Node has closed since (written, or closed with the socket).
+  } else if (queued.length >= MAX_OUTSTANDING_PER_CONNECTION - 1) {
+    // Forget the ones Node has closed since (written, or closed with the
+    // socket), so that the length is what is still outstanding.
     let kept = 0
     for (const r of queued) if (!r.destroyed) queued[kept++] = r
     queued.length = kept
   }
   queued.push(res)
+}
+
+/**
+ * Whether this request is beyond MAX_OUTSTANDING_PER_CONNECTION on its
+ * connection: the one in progress plus those queued behind it, this one
+ * included (after closeWithConnection has queued it). Nothing to count for
+ * a response that holds its socket: nothing is ahead of it.
+ */
+export function pipelinedBeyondBound (res: ServerResponse): boolean {
+  if (res.socket !== null) return false
+  const queued = (res.req.socket as WithQueued)[QUEUED]
+  return queued !== undefined && queued.length >= MAX_OUTSTANDING_PER_CONNECTION
 }
 
 function closeQueued (this: WithQueued): void {
@@ -98,12 +138,16 @@ function closeQueued (this: WithQueued): void {
   }
 }
 
-/** Closes the connection without a response under way that was busy longest ago; false when every one is busy. */
+/**
+ * Closes the connection the server owes nothing (idle, or still sending its
+ * request) that was busy longest ago; false when every one is waiting for
+ * its answer.
+ */
 function closeIdlest (connections: Connections): boolean {
-  let idlest: WithPendingResponse<Socket> | undefined
+  let idlest: ServerSocket | undefined
   let since = Infinity
   for (const [socket, state] of connections) {
-    if (socket._httpMessage == null && state.lastBusy < since) {
+    if ((socket._httpMessage == null || receiving(socket)) && state.lastBusy < since) {
       idlest = socket
       since = state.lastBusy
     }

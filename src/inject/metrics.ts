@@ -1,6 +1,7 @@
 // The webhook's metrics, in a Registry of their own. Admission reviews come a
 // few a second at most: prom-client's labelled counters are cheap enough here.
 import { collectDefaultMetrics, Counter, Gauge, Registry } from 'prom-client'
+import { sharedScrape } from '../observability/metric-exposition.js'
 import type { Outcome } from './patch.js'
 
 const PREFIX = 'cos_auth_proxy_inject_'
@@ -60,7 +61,11 @@ export class InjectMetrics {
     this.definition.set({ version }, 1)
   }
 
+  /** The exposition text; scrapes that arrive together share one (sharedScrape). */
   text (): Promise<string> {
-    return this.registry.metrics()
+    this.#scrape ??= sharedScrape(this.registry)
+    return this.#scrape()
   }
+
+  #scrape: (() => Promise<string>) | undefined
 }

@@ -79,3 +79,17 @@ export function registerHistogram<Cells extends { readonly route: string }> (reg
     return values
   })
 }
+
+/**
+ * The registry's text, built once for every scrape that arrives while it is
+ * being built: each build is a fresh string of some 10 KiB and the objects
+ * behind it, and a client that pipelines scrapes on the admin port (or many
+ * scrapers at once) would otherwise have that many built side by side.
+ */
+export function sharedScrape (registry: Registry): () => Promise<string> {
+  let pending: Promise<string> | undefined
+  return () => {
+    pending ??= registry.metrics().finally(() => { pending = undefined })
+    return pending
+  }
+}

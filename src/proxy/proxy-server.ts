@@ -6,8 +6,8 @@ import type { IncomingMessage, Server } from 'node:http'
 import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyHttpOptions } from 'fastify'
 import { AuthRefusals } from './auth-refusals.js'
 import type { Config } from '../config/config.js'
-import { condemn, droppedBehindRefusal, refuseConnect, rejectMalformed } from '../client/connection-refusals.js'
-import { reapIdleConnections } from '../client/connections.js'
+import { condemn, droppedBehindRefusal, refuseConnect, rejectMalformed, TOO_MANY_PIPELINED } from '../client/connection-refusals.js'
+import { pipelinedBeyondBound, reapIdleConnections } from '../client/connections.js'
 import type { ReloadOutcome } from '../credentials/credential-watcher.js'
 import type { CredentialStore } from '../credentials/credentials.js'
 import { sendError } from './errors.js'
@@ -140,7 +140,7 @@ export async function buildProxyServer (opts: ProxyServerOptions): Promise<Fasti
   app.addHook('onRequest', (request, reply, done) => {
     reply.header('x-request-id', request.id)
     if (droppedBehindRefusal(reply)) return
-    const refusal = guard(request.raw)
+    const refusal = pipelinedBeyondBound(reply.raw) ? TOO_MANY_PIPELINED : guard(request.raw)
     if (refusal === undefined) done()
     else refuse(reply, refusal)
   })

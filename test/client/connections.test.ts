@@ -56,6 +56,34 @@ t.test('at the cap, a new connection displaces the one idle longest, never one w
   for (const c of [busy, idleNew, newcomer]) c.socket.destroy()
 })
 
+t.test('at the cap, a connection whose request body is still arriving is displaced like an idle one: slow bodies cannot lock a newcomer out', async t => {
+  const s = await holdingServer(t, 60_000, 2)
+  const slowBody = await client(s.port, 'POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000\r\n\r\nx')
+  // The server has the request (its handler holds the response) but not the body.
+  while (s.pending() < 1) await sleep(5)
+  const busy = await client(s.port, GET)
+  while (s.pending() < 2) await sleep(5)
+  const newcomer = await client(s.port, GET)
+  await Promise.race([slowBody.closed, sleep(2000)])
+  t.ok(slowBody.isClosed(), 'the connection still sending its body was closed')
+  t.notOk(busy.isClosed(), 'the one waiting for its answer was kept')
+  for (let i = 0; i < 400 && s.pending() < 3 && !newcomer.isClosed(); i++) await sleep(5)
+  t.notOk(newcomer.isClosed(), "the newcomer's request is being served")
+  s.release()
+  await sleep(50)
+  t.match(newcomer.received(), /^HTTP\/1\.1 200 /, 'and answered')
+  for (const c of [busy, newcomer]) c.socket.destroy()
+})
+
+t.test('a slow upload is not idle: it is never reaped while its body arrives (the request timeout is its bound)', async t => {
+  const s = await holdingServer(t, 100, Infinity)
+  const upload = await client(s.port, 'POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000\r\n\r\nx')
+  while (s.pending() < 1) await sleep(5)
+  await sleep(600)
+  t.notOk(upload.isClosed(), 'still open six idle periods later')
+  upload.socket.destroy()
+})
+
 t.test('when every connection has a response under way, a newcomer over the cap is closed', async t => {
   const s = await holdingServer(t, 60_000, 2)
   const busy = [await client(s.port, GET), await client(s.port, GET)]

@@ -6,6 +6,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import { connect, type AddressInfo } from 'node:net'
 import t, { type Test } from 'tap'
+import { MAX_OUTSTANDING_PER_CONNECTION } from '../../src/client/connections.js'
 import { CredentialStore, readPair } from '../../src/credentials/credentials.js'
 import { createLogger } from '../../src/observability/logger.js'
 import { ProxyMetrics } from '../../src/observability/metrics.js'
@@ -132,6 +133,19 @@ t.test('several valid pipelined requests are all forwarded and answered in order
   t.same(res.finals.filter(f => f.status === 200).map(f => f.body.toString()), ['GET /1', 'POST /2', 'GET /3', 'GET /5', 'POST /6'])
   t.notOk(res.closedByPeer, 'the connection stays open')
   t.same(up.seen, ['GET /1', 'POST /2', 'GET /3', 'GET /5', 'POST /6'])
+})
+
+t.test('one connection cannot have more than MAX_OUTSTANDING_PER_CONNECTION requests at the upstream: the next gets 503 and the close, nothing behind it is forwarded', async t => {
+  const { proxy, up } = await rig(t)
+  const within = Array.from({ length: MAX_OUTSTANDING_PER_CONNECTION }, (_, i) => GET(`/${i}`))
+  const res = await rawRequest(proxy.port, [...within, GET('/beyond'), GET('/behind')].join(''), { expect: MAX_OUTSTANDING_PER_CONNECTION + 1, timeoutMs: 5000 })
+  t.same(statuses(res), [...Array<number>(MAX_OUTSTANDING_PER_CONNECTION).fill(200), 503], 'every request within the bound answered in order, then the refusal')
+  t.same(res.finals.slice(0, -1).map(f => f.body.toString()), within.map((_, i) => `GET /${i}`))
+  t.equal(errorOf(res.finals.at(-1))?.code, 'too_many_pipelined')
+  t.same(res.finals.at(-1)?.headers.connection, ['close'], 'the refusal closes the connection')
+  t.ok(res.closedByPeer, 'and the proxy closes it')
+  t.same(up.seen, within.map((_, i) => `GET /${i}`), 'the refused request and the one behind it were never forwarded')
+  t.equal((await rawRequest(proxy.port, within.join(''), { expect: within.length })).finals.length, within.length, 'a new connection pipelines as many again')
 })
 
 t.test('a flood pipelined behind a refusal is cut off rather than held, and nothing of it is forwarded', async t => {

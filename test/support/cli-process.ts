@@ -8,6 +8,7 @@ import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import t from 'tap'
 import { ACCESS_KEY, SECRET } from './helpers.js'
+import { imageFlags } from './image-flags.js'
 import { spawnNode } from './node-child.js'
 import { scaled } from './time-scale.js'
 
@@ -42,9 +43,10 @@ export function run (args: string[], env: Record<string, string>, opts: { withou
 
 export interface Daemon { child: ChildProcessWithoutNullStreams, stdout: () => string, stderr: () => string, exited: Promise<number | null> }
 
-/** Starts a long-running command and waits until `ready` matches its output. */
-export async function start (args: string[], env: Record<string, string>, ready: RegExp): Promise<{ daemon: Daemon, match: RegExpMatchArray }> {
-  const child = spawnNode([CLI, ...args], { cwd: CWD, env: childEnv(env) })
+/** Starts a long-running command and waits until `ready` matches its output; asImage: with the image's Node flags and environment. */
+export async function start (args: string[], env: Record<string, string>, ready: RegExp, opts: { asImage?: boolean } = {}): Promise<{ daemon: Daemon, match: RegExpMatchArray }> {
+  const image = opts.asImage === true ? imageFlags() : { nodeArgs: [], env: {} }
+  const child = spawnNode([...image.nodeArgs, CLI, ...args], { cwd: CWD, env: { ...image.env, ...childEnv(env) } })
   let out = ''
   let err = ''
   const exited = new Promise<number | null>(resolve => child.on('close', code => resolve(code)))

@@ -5,6 +5,7 @@ import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process'
 import { writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
+import { imageFlags } from './image-flags.js'
 import { nodeArgv, spawnNode, track } from './node-child.js'
 import { scaled } from './time-scale.js'
 
@@ -26,13 +27,17 @@ export interface SidecarOptions {
   readonly fdLimit?: number
   /** The program to run; default the bundle in dist/. */
   readonly cli?: string
+  /** With the image's Node flags and environment (image-flags.ts), as a pod runs it. */
+  readonly asImage?: boolean
 }
 
 function spawnServe (env: NodeJS.ProcessEnv, opts: SidecarOptions): ChildProcessWithoutNullStreams {
-  const cli = opts.cli ?? CLI
-  if (opts.fdLimit === undefined) return spawnNode([cli, 'serve'], { cwd: opts.cwd, env })
+  const image = opts.asImage === true ? imageFlags() : { nodeArgs: [], env: {} }
+  const args = [...image.nodeArgs, opts.cli ?? CLI, 'serve']
+  env = { ...image.env, ...env }
+  if (opts.fdLimit === undefined) return spawnNode(args, { cwd: opts.cwd, env })
   // exec: the shell is replaced by node, so signals and /proc/<pid> are node's.
-  const [first = '', ...rest] = nodeArgv([cli, 'serve'])
+  const [first = '', ...rest] = nodeArgv(args)
   return track(spawn('/bin/sh', ['-c', `ulimit -n ${opts.fdLimit} && exec "$0" "$@"`, first, ...rest], { cwd: opts.cwd, env }))
 }
 
