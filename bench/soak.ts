@@ -26,12 +26,13 @@
 // (helm/cos-auth-proxy/values.yaml). `--no-limit` runs the same load
 // without a cgroup (peak RSS as `npm run bench` measures it).
 import { execFileSync } from 'node:child_process'
-import { existsSync, mkdirSync, readFileSync, rmdirSync, writeFileSync } from 'node:fs'
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs'
+import { chartLimitMiB, createCgroup } from './cgroup.js'
 import { isAbsolute, join } from 'node:path'
 import { parseArgs } from 'node:util'
 import { fixed, table } from './format.js'
 import {
-  BENCH_DIR, ROOT, cpuTicks, nodeUnderTest, parseEnv, thisBuild, splitArgs, useNode, choosePinning, installCleanup, machine, pinProcess, runLoad, scratchDir, startProxy,
+  BENCH_DIR, cpuTicks, nodeUnderTest, parseEnv, thisBuild, splitArgs, useNode, choosePinning, installCleanup, machine, pinProcess, runLoad, scratchDir, startProxy,
   startUpstream, stopAll, stopChild, vmMB, SMALL_PATH, gitCommit,
 } from './harness.js'
 
@@ -59,95 +60,7 @@ const connections = Number(values.connections)
 if (!(minutes > 0) || !(connections > 0)) throw new Error('--minutes and --connections must be positive numbers')
 const progress = (s: string): void => { process.stderr.write(s + '\n') }
 const MiB = 1024 * 1024
-
-/** The chart's resources.limits.memory, in MiB. */
-function chartLimitMiB (): number {
-  const text = readFileSync(join(ROOT, 'helm', 'cos-auth-proxy', 'values.yaml'), 'utf8')
-  const m = /^resources:\n(?:[ #].*\n)*?\s+limits:\n(?:\s+\w+:.*\n)*?\s+memory:\s*"?(\d+)Mi"?/m.exec(text)
-  if (m?.[1] === undefined) throw new Error('no resources.limits.memory in helm/cos-auth-proxy/values.yaml')
-  return Number(m[1])
-}
-
-// ---------------------------------------------------------------------------
-// The memory cgroup: v1 (/sys/fs/cgroup/memory) or v2 (/sys/fs/cgroup with cgroup.controllers).
-
-interface Cgroup {
-  readonly version: 1 | 2
-  readonly dir: string
-  /** Bytes charged now. */
-  usage: () => number
-  /** Peak bytes charged since creation. */
-  peak: () => number
-  /** v1 memory.failcnt; v2 memory.events `max`. */
-  failcnt: () => number
-  oomKills: () => number
-  /** Bytes of inactive file pages (usage less this is the kubelet's working set). */
-  inactiveFile: () => number
-  /** Anonymous bytes charged. */
-  anon: () => number
-  remove: () => void
-}
-
 const read = (file: string): string => readFileSync(file, 'utf8')
-const field = (text: string, name: string): number => Number(new RegExp(`^${name} (\\d+)$`, 'm').exec(text)?.[1] ?? Number.NaN)
-
-function createCgroup (limitBytes: number): Cgroup {
-  const name = `cos-auth-proxy-soak-${process.pid}`
-  const remover = (dir: string) => (): void => {
-    // The processes are gone (stopAll awaited them); an emptied cgroup may take a moment to be released.
-    for (let i = 0; i < 50 && existsSync(dir); i++) {
-      try { rmdirSync(dir) } catch { Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 100) }
-    }
-    if (existsSync(dir)) process.stderr.write(`soak: could not remove ${dir}: remove it with rmdir once its processes are gone\n`)
-  }
-  /** Makes the group and writes its limit files (the optional ones where the kernel has them); removed again if a write fails. */
-  const made = (dir: string, limit: string, optional: readonly [file: string, value: string]): () => void => {
-    mkdirSync(dir)
-    const remove = remover(dir)
-    try {
-      writeFileSync(join(dir, limit), String(limitBytes))
-      if (existsSync(join(dir, optional[0]))) writeFileSync(join(dir, optional[0]), optional[1])
-    } catch (err) {
-      remove()
-      throw err
-    }
-    return remove
-  }
-  if (existsSync('/sys/fs/cgroup/memory/memory.limit_in_bytes')) {
-    const dir = join('/sys/fs/cgroup/memory', name)
-    // No swap for a container (the kubelet's default): memory+swap at the same limit.
-    const remove = made(dir, 'memory.limit_in_bytes', ['memory.memsw.limit_in_bytes', String(limitBytes)])
-    return {
-      version: 1,
-      dir,
-      usage: () => Number(read(join(dir, 'memory.usage_in_bytes'))),
-      peak: () => Number(read(join(dir, 'memory.max_usage_in_bytes'))),
-      failcnt: () => Number(read(join(dir, 'memory.failcnt'))),
-      oomKills: () => field(read(join(dir, 'memory.oom_control')), 'oom_kill'),
-      inactiveFile: () => field(read(join(dir, 'memory.stat')), 'total_inactive_file'),
-      anon: () => field(read(join(dir, 'memory.stat')), 'total_rss'),
-      remove,
-    }
-  }
-  if (existsSync('/sys/fs/cgroup/cgroup.controllers')) {
-    const dir = join('/sys/fs/cgroup', name)
-    const remove = made(dir, 'memory.max', ['memory.swap.max', '0'])
-    return {
-      version: 2,
-      dir,
-      usage: () => Number(read(join(dir, 'memory.current'))),
-      peak: () => existsSync(join(dir, 'memory.peak')) ? Number(read(join(dir, 'memory.peak'))) : Number.NaN,
-      failcnt: () => field(read(join(dir, 'memory.events')), 'max'),
-      oomKills: () => field(read(join(dir, 'memory.events')), 'oom_kill'),
-      inactiveFile: () => field(read(join(dir, 'memory.stat')), 'inactive_file'),
-      anon: () => field(read(join(dir, 'memory.stat')), 'anon'),
-      remove,
-    }
-  }
-  throw new Error('no memory cgroup controller found under /sys/fs/cgroup (cgroup v1 memory or v2 with memory enabled)')
-}
-
-// ---------------------------------------------------------------------------
 
 interface Sample { readonly s: number, readonly usageMB: number, readonly workingSetMB: number, readonly rssMB: number, readonly anonMB: number }
 

@@ -6,12 +6,12 @@
 // "JavaScript heap out of memory" within about two seconds, and the slow
 // bodies kept /healthz from answering for as long as they were sent.
 import { mkdtempSync, rmSync } from 'node:fs'
-import { connect, type Socket } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
 import t, { type Test } from 'tap'
 import { MAX_OUTSTANDING_PER_CONNECTION } from '../../src/client/connections.js'
+import { alive, drain, pipelineUnread, probe, statusOf, trickleBodies } from '../support/attacks.js'
 import { start } from '../support/cli-process.js'
 import { send, startUpstream } from '../support/helpers.js'
 import { startSidecar, writeKeyPair, type Sidecar } from '../support/sidecar.js'
@@ -22,62 +22,6 @@ const CWD = mkdtempSync(join(tmpdir(), 'cos-per-connection-'))
 t.teardown(() => rmSync(CWD, { recursive: true, force: true }))
 
 const GET = (path: string, host = 'x'): string => `GET ${path} HTTP/1.1\r\nHost: ${host}\r\n\r\n`
-
-/** The status, or the error code when there was no answer in time. */
-async function statusOf (url: string): Promise<number | string> {
-  const ac = new AbortController()
-  const timer = setTimeout(() => { ac.abort() }, scaled(3000))
-  try {
-    const res = await fetch(url, { signal: ac.signal })
-    await res.arrayBuffer()
-    return res.status
-  } catch (err) {
-    return (err as Error).name
-  } finally {
-    clearTimeout(timer)
-  }
-}
-
-interface Attacker { readonly socket: Socket, readonly closed: Promise<void> }
-
-/** Writes `data` in one write on each of `count` connections, then reads nothing until drain() is called. */
-async function pipelineUnread (port: number, data: string, count: number): Promise<Attacker[]> {
-  return Promise.all(Array.from({ length: count }, () => new Promise<Attacker>(resolve => {
-    const socket = connect({ host: '127.0.0.1', port })
-    socket.on('error', () => { /* reset by the proxy: counted as closed */ })
-    const closed = new Promise<void>(resolve => socket.once('close', () => { resolve() }))
-    socket.once('connect', () => {
-      socket.pause()
-      socket.write(data)
-      resolve({ socket, closed })
-    })
-  })))
-}
-
-/** Reads what the proxy sent the attacker until it closes (or `ms` pass): the statuses of the answers. */
-async function drain (attacker: Attacker, ms = 10_000): Promise<{ statuses: number[], closed: boolean }> {
-  let text = ''
-  attacker.socket.setEncoding('latin1')
-  attacker.socket.on('data', (d: string) => { text += d })
-  attacker.socket.resume()
-  const closed = await Promise.race([attacker.closed.then(() => true), sleep(scaled(ms)).then(() => false)])
-  attacker.socket.destroy()
-  return { statuses: [...text.matchAll(/HTTP\/1\.1 (\d{3}) /g)].map(m => Number(m[1])), closed }
-}
-
-/** `tries` probes of `url`, `gapMs` apart: the statuses. */
-async function probe (url: string, tries: number, gapMs: number): Promise<(number | string)[]> {
-  const statuses: (number | string)[] = []
-  for (let i = 0; i < tries; i++) {
-    statuses.push(await statusOf(url))
-    await sleep(gapMs)
-  }
-  return statuses
-}
-
-function alive (child: { exitCode: number | null, signalCode: NodeJS.Signals | null }): boolean {
-  return child.exitCode === null && child.signalCode === null
-}
 
 async function imageSidecar (t: Test, env: Record<string, string> = {}): Promise<Sidecar> {
   const s = await startSidecar({
@@ -145,32 +89,6 @@ t.test('pipelined requests whose answers are not read cannot exhaust the heap: 1
   t.ok(alive(s.child), 'the proxy is alive')
   t.equal((await send(`${s.proxy}/after`)).status, 200, 'and forwards a request on a new connection')
 })
-
-/** Keeps `count` connections each sending `head` and then its body one byte every `gapMs`, reconnecting when closed, until stopped. */
-function trickleBodies (port: number, head: string, count: number, gapMs: number): { stop: () => void, connections: () => number } {
-  let stopped = false
-  let connections = 0
-  const sockets = new Set<Socket>()
-  const open = (): void => {
-    if (stopped) return
-    connections++
-    const socket = connect({ host: '127.0.0.1', port })
-    sockets.add(socket)
-    let timer: NodeJS.Timeout | undefined
-    socket.on('error', () => { /* closed by the proxy */ })
-    socket.once('connect', () => {
-      socket.write(head)
-      timer = setInterval(() => { socket.write('x') }, gapMs)
-    })
-    socket.once('close', () => {
-      clearInterval(timer)
-      sockets.delete(socket)
-      setTimeout(open, 20)
-    })
-  }
-  for (let i = 0; i < count; i++) open()
-  return { stop: () => { stopped = true; for (const socket of sockets) socket.destroy() }, connections: () => connections }
-}
 
 t.test('slow request bodies cannot lock a probe out of the admin port: 64 connections trickling a body each', async t => {
   const s = await imageSidecar(t)

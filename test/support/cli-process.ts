@@ -9,7 +9,7 @@ import { fileURLToPath } from 'node:url'
 import t from 'tap'
 import { ACCESS_KEY, SECRET } from './helpers.js'
 import { imageFlags } from './image-flags.js'
-import { spawnNode } from './node-child.js'
+import { spawnNode, spawnNodeConfined, type Confinement } from './node-child.js'
 import { scaled } from './time-scale.js'
 
 export const CLI = fileURLToPath(new URL('../../dist/cos-auth-proxy.mjs', import.meta.url))
@@ -44,9 +44,9 @@ export function run (args: string[], env: Record<string, string>, opts: { withou
 export interface Daemon { child: ChildProcessWithoutNullStreams, stdout: () => string, stderr: () => string, exited: Promise<number | null> }
 
 /** Starts a long-running command and waits until `ready` matches its output; asImage: with the image's Node flags and environment. */
-export async function start (args: string[], env: Record<string, string>, ready: RegExp, opts: { asImage?: boolean } = {}): Promise<{ daemon: Daemon, match: RegExpMatchArray }> {
+export async function start (args: string[], env: Record<string, string>, ready: RegExp, opts: { asImage?: boolean } & Confinement = {}): Promise<{ daemon: Daemon, match: RegExpMatchArray }> {
   const image = opts.asImage === true ? imageFlags() : { nodeArgs: [], env: {} }
-  const child = spawnNode([...image.nodeArgs, CLI, ...args], { cwd: CWD, env: { ...image.env, ...childEnv(env) } })
+  const child = spawnNodeConfined([...image.nodeArgs, CLI, ...args], { cwd: CWD, env: { ...image.env, ...childEnv(env) } }, opts)
   let out = ''
   let err = ''
   const exited = new Promise<number | null>(resolve => child.on('close', code => resolve(code)))

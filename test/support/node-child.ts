@@ -35,3 +35,22 @@ export function track (child: ChildProcessWithoutNullStreams): ChildProcessWitho
   child.once('exit', () => { live.delete(child) })
   return child
 }
+
+/** Limits a child takes on before node starts, as a container's are. */
+export interface Confinement {
+  /** Soft limit on open descriptors (`ulimit -n`). */
+  readonly fdLimit?: number | undefined
+  /** A cgroup directory (bench/cgroup.ts) joined before node starts, so that everything it allocates is charged there. */
+  readonly cgroupDir?: string | undefined
+}
+
+/** spawnNode, through a shell that applies `confine` and then execs node: signals and /proc/<pid> are node's. */
+export function spawnNodeConfined (args: readonly string[], options: SpawnOptionsWithoutStdio, confine: Confinement): ChildProcessWithoutNullStreams {
+  if (confine.fdLimit === undefined && confine.cgroupDir === undefined) return spawnNode(args, options)
+  const steps = [
+    ...(confine.fdLimit === undefined ? [] : [`ulimit -n ${String(confine.fdLimit)}`]),
+    ...(confine.cgroupDir === undefined ? [] : ['echo $$ > "$0/cgroup.procs"']),
+    'exec "$@"',
+  ]
+  return track(spawn('/bin/sh', ['-c', steps.join(' && '), confine.cgroupDir ?? 'sh', ...nodeArgv(args)], options))
+}

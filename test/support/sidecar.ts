@@ -1,12 +1,12 @@
 // The shipped CLI's `serve` (the bundle, dist/cos-auth-proxy.mjs) in a child
 // process, as Kubernetes runs it: started, waited for until it logs its
 // listening line, probed, signalled.
-import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process'
+import type { ChildProcessWithoutNullStreams } from 'node:child_process'
 import { writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { imageFlags } from './image-flags.js'
-import { nodeArgv, spawnNode, track } from './node-child.js'
+import { spawnNodeConfined } from './node-child.js'
 import { scaled } from './time-scale.js'
 
 export const CLI = fileURLToPath(new URL('../../dist/cos-auth-proxy.mjs', import.meta.url))
@@ -29,16 +29,13 @@ export interface SidecarOptions {
   readonly cli?: string
   /** With the image's Node flags and environment (image-flags.ts), as a pod runs it. */
   readonly asImage?: boolean
+  /** A memory cgroup to run in (bench/cgroup.ts), as a container's limit. */
+  readonly cgroupDir?: string
 }
 
 function spawnServe (env: NodeJS.ProcessEnv, opts: SidecarOptions): ChildProcessWithoutNullStreams {
   const image = opts.asImage === true ? imageFlags() : { nodeArgs: [], env: {} }
-  const args = [...image.nodeArgs, opts.cli ?? CLI, 'serve']
-  env = { ...image.env, ...env }
-  if (opts.fdLimit === undefined) return spawnNode(args, { cwd: opts.cwd, env })
-  // exec: the shell is replaced by node, so signals and /proc/<pid> are node's.
-  const [first = '', ...rest] = nodeArgv(args)
-  return track(spawn('/bin/sh', ['-c', `ulimit -n ${opts.fdLimit} && exec "$0" "$@"`, first, ...rest], { cwd: opts.cwd, env }))
+  return spawnNodeConfined([...image.nodeArgs, opts.cli ?? CLI, 'serve'], { cwd: opts.cwd, env: { ...image.env, ...env } }, opts)
 }
 
 export async function startSidecar (env: Record<string, string>, opts: SidecarOptions): Promise<Sidecar> {

@@ -1,0 +1,111 @@
+// `serve` and `inject`, each in a real Linux memory cgroup at the chart's
+// limit (as the kubelet sets a container's), run as the image runs them, under
+// every per-connection attack of issue 33 at once, with a probe answering
+// throughout: no OOM kill, and the process alive and answering. The cgroup's
+// peak is printed. Where no cgroup can be made (not Linux, not root, no
+// memory controller), each test is skipped and says why.
+import { mkdtempSync, rmSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { setTimeout as sleep } from 'node:timers/promises'
+import t, { type Test } from 'tap'
+import { chartLimitMiB, createCgroup, type Cgroup } from '../../bench/cgroup.js'
+import { alive, drain, pipelineUnread, probe, statusOf, trickleBodies, unfinishedUploads, type Attacker, type Trickle } from '../support/attacks.js'
+import { start } from '../support/cli-process.js'
+import { startUpstream } from '../support/helpers.js'
+import { startSidecar, writeKeyPair } from '../support/sidecar.js'
+import { makePki } from '../support/tls-fixtures.js'
+
+const CWD = mkdtempSync(join(tmpdir(), 'cos-memory-cgroup-'))
+t.teardown(() => rmSync(CWD, { recursive: true, force: true }))
+
+const MiB = 1024 * 1024
+const LIMIT_MIB = chartLimitMiB()
+const GET = (path: string, host = 'x'): string => `GET ${path} HTTP/1.1\r\nHost: ${host}\r\n\r\n`
+const SLOW_BODY = 'POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n'
+
+/** Why no cgroup can be made here, or undefined when one can (made and removed again to find out). */
+function cgroupUnavailable (): string | undefined {
+  if (process.platform !== 'linux') return `memory cgroups are Linux's (this is ${process.platform})`
+  try {
+    createCgroup(LIMIT_MIB * MiB, 'probe').remove()
+    return undefined
+  } catch (err) {
+    return `no memory cgroup can be made here (${(err as Error).message}): run as root on Linux with the memory controller`
+  }
+}
+
+const unavailable = cgroupUnavailable()
+
+/** A cgroup at the chart's limit, removed after the test (and after its processes, which the test kills first). */
+function cgroupFor (t: Test, purpose: string, kill: () => Promise<unknown>): Cgroup {
+  const cgroup = createCgroup(LIMIT_MIB * MiB, purpose)
+  t.teardown(async () => { await kill(); cgroup.remove() })
+  return cgroup
+}
+
+function report (t: Test, what: string, cgroup: Cgroup): void {
+  t.comment(`${what} in a ${LIMIT_MIB}Mi memory cgroup (v${cgroup.version}): peak ${(cgroup.peak() / 1e6).toFixed(1)} MB, now ${(cgroup.usage() / 1e6).toFixed(1)} MB, failcnt ${cgroup.failcnt()}, OOM kills ${cgroup.oomKills()}`)
+}
+
+async function finish (attackers: readonly Attacker[], trickles: readonly Trickle[]): Promise<void> {
+  for (const trickle of trickles) trickle.stop()
+  await Promise.all(attackers.map(a => drain(a, 5000)))
+}
+
+t.test('serve in a memory cgroup at the chart\'s limit survives every per-connection attack at once, /healthz answering throughout', { skip: unavailable ?? false }, async t => {
+  const body = Buffer.alloc(16_000, 'x')
+  const up = await startUpstream((_req, res) => { res.end(body) })
+  let kill = async (): Promise<void> => { await up.close() }
+  const cgroup = cgroupFor(t, 'test-serve', () => kill())
+  const s = await startSidecar({ COS_API_URL: up.url, ...writeKeyPair(CWD, 'AKIDCGROUP', 'cgroup-SeCrEt') }, { cwd: CWD, asImage: true, cgroupDir: cgroup.dir })
+  kill = async () => { s.child.kill('SIGKILL'); await s.exited; await up.close() }
+  const admin = Number(new URL(s.admin).port)
+  const proxy = Number(new URL(s.proxy).port)
+
+  const trickles = [trickleBodies(admin, SLOW_BODY, 64, 500)]
+  const attackers = [
+    ...await pipelineUnread(admin, GET('/metrics').repeat(1500), 8),
+    ...await pipelineUnread(proxy, GET('/item', '127.0.0.1').repeat(1300), 10),
+  ]
+  const statuses = await probe(`${s.admin}/healthz`, 20, 250)
+  t.same(statuses, Array(20).fill(200), '/healthz answered every probe during the attacks')
+  await finish(attackers, trickles)
+  await sleep(200)
+  report(t, 'serve', cgroup)
+  t.equal(cgroup.oomKills(), 0, 'no OOM kill')
+  t.ok(alive(s.child), 'the proxy is alive')
+  t.equal(await statusOf(`${s.proxy}/after`), 200, 'and forwards')
+})
+
+t.test('inject in a memory cgroup at the chart\'s limit survives every per-connection attack at once, /healthz answering throughout', { skip: unavailable ?? false }, async t => {
+  const pki = makePki()
+  let kill = (): Promise<void> => { pki.cleanup(); return Promise.resolve() }
+  const cgroup = cgroupFor(t, 'test-inject', () => kill())
+  const { daemon, match } = await start(['inject'], {
+    COS_INJECT_HOST: '127.0.0.1',
+    COS_INJECT_PORT: '0',
+    COS_INJECT_TLS_CERT_FILE: join(pki.dir, 'server.pem'),
+    COS_INJECT_TLS_KEY_FILE: join(pki.dir, 'server.key'),
+    COS_INJECT_IMAGE: 'registry.example.com/cos-auth-proxy:0.1.0',
+    COS_INJECT_DEFAULT_SECRET: 'cos-credentials',
+    COS_MANAGEMENT_API_URL: 'https://management.cos.example.com/api',
+  }, /"port":(\d+),"admin":\{"address":"[^"]+","port":(\d+)\}.*injection webhook listening/, { asImage: true, cgroupDir: cgroup.dir })
+  kill = async () => { daemon.child.kill('SIGKILL'); await daemon.exited; pki.cleanup() }
+  const webhook = Number(match[1])
+  const admin = Number(match[2])
+
+  // 60 uploads of the largest body the webhook takes, all but its last 100 bytes sent.
+  const uploads = unfinishedUploads(webhook, pki.ca, '/mutate', 3_145_628, 100, 60)
+  const trickles = [trickleBodies(admin, SLOW_BODY, 64, 500), uploads]
+  const attackers = await pipelineUnread(admin, GET('/metrics').repeat(1500), 8)
+  const statuses = await probe(`http://127.0.0.1:${admin}/healthz`, 20, 250)
+  t.same(statuses, Array(20).fill(200), '/healthz answered every probe during the attacks')
+  t.ok((uploads.delivered?.() ?? 0) > 0, `uploads got all but their last bytes to the webhook (${uploads.delivered?.() ?? 0} of ${uploads.connections()} connections)`)
+  await finish(attackers, trickles)
+  await sleep(200)
+  report(t, 'inject', cgroup)
+  t.equal(cgroup.oomKills(), 0, 'no OOM kill')
+  t.ok(alive(daemon.child), 'the webhook is alive')
+  t.equal(await statusOf(`http://127.0.0.1:${admin}/readyz`), 200, 'and ready')
+})

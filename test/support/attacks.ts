@@ -1,0 +1,139 @@
+// Attacks on what one connection may cost (issue 33), as a client sends
+// them: requests pipelined and never read, bodies trickled a byte at a time,
+// and the probe that must keep answering meanwhile. Shared by
+// test/security/per-connection.test.ts and memory-cgroup.test.ts.
+import { connect, type Socket } from 'node:net'
+import { connect as tlsConnect } from 'node:tls'
+import { setTimeout as sleep } from 'node:timers/promises'
+import { scaled } from './time-scale.js'
+
+/** The status, or the error code when there was no answer in time. */
+export async function statusOf (url: string): Promise<number | string> {
+  const ac = new AbortController()
+  const timer = setTimeout(() => { ac.abort() }, scaled(3000))
+  try {
+    const res = await fetch(url, { signal: ac.signal })
+    await res.arrayBuffer()
+    return res.status
+  } catch (err) {
+    return (err as Error).name
+  } finally {
+    clearTimeout(timer)
+  }
+}
+
+export interface Attacker { readonly socket: Socket, readonly closed: Promise<void> }
+
+/** Writes `data` in one write on each of `count` connections, then reads nothing until drain() is called. */
+export async function pipelineUnread (port: number, data: string, count: number): Promise<Attacker[]> {
+  return Promise.all(Array.from({ length: count }, () => new Promise<Attacker>(resolve => {
+    const socket = connect({ host: '127.0.0.1', port })
+    socket.on('error', () => { /* reset by the proxy: counted as closed */ })
+    const closed = new Promise<void>(resolve => socket.once('close', () => { resolve() }))
+    socket.once('connect', () => {
+      socket.pause()
+      socket.write(data)
+      resolve({ socket, closed })
+    })
+  })))
+}
+
+/** Reads what the proxy sent the attacker until it closes (or `ms` pass): the statuses of the answers. */
+export async function drain (attacker: Attacker, ms = 10_000): Promise<{ statuses: number[], closed: boolean }> {
+  let text = ''
+  attacker.socket.setEncoding('latin1')
+  attacker.socket.on('data', (d: string) => { text += d })
+  attacker.socket.resume()
+  const closed = await Promise.race([attacker.closed.then(() => true), sleep(scaled(ms)).then(() => false)])
+  attacker.socket.destroy()
+  return { statuses: [...text.matchAll(/HTTP\/1\.1 (\d{3}) /g)].map(m => Number(m[1])), closed }
+}
+
+/** `tries` probes of `url`, `gapMs` apart: the statuses. */
+export async function probe (url: string, tries: number, gapMs: number): Promise<(number | string)[]> {
+  const statuses: (number | string)[] = []
+  for (let i = 0; i < tries; i++) {
+    statuses.push(await statusOf(url))
+    await sleep(gapMs)
+  }
+  return statuses
+}
+
+export function alive (child: { exitCode: number | null, signalCode: NodeJS.Signals | null }): boolean {
+  return child.exitCode === null && child.signalCode === null
+}
+
+/** Keeps `count` connections each sending `head` and then its body one byte every `gapMs`, reconnecting when closed, until stopped. */
+export function trickleBodies (port: number, head: string, count: number, gapMs: number): Trickle {
+  let stopped = false
+  let connections = 0
+  const sockets = new Set<Socket>()
+  const open = (): void => {
+    if (stopped) return
+    connections++
+    const socket = connect({ host: '127.0.0.1', port })
+    sockets.add(socket)
+    let timer: NodeJS.Timeout | undefined
+    socket.on('error', () => { /* closed by the proxy */ })
+    socket.once('connect', () => {
+      socket.write(head)
+      timer = setInterval(() => { socket.write('x') }, gapMs)
+    })
+    socket.once('close', () => {
+      clearInterval(timer)
+      sockets.delete(socket)
+      setTimeout(open, 20)
+    })
+  }
+  for (let i = 0; i < count; i++) open()
+  return { stop: () => { stopped = true; for (const socket of sockets) socket.destroy() }, connections: () => connections }
+}
+
+
+export interface Trickle {
+  readonly stop: () => void
+  /** Connections opened so far. */
+  readonly connections: () => number
+  /** Connections that sent all they were to send (unfinishedUploads); an attack that never got that far proved nothing. */
+  readonly delivered?: () => number
+}
+
+/**
+ * Keeps `count` TLS connections each sending `head` and all of a body of
+ * `declared` bytes but the last `withheld`, then waiting, reconnecting when
+ * closed, until stopped: unfinished uploads that hold whatever the server
+ * keeps of them.
+ */
+export function unfinishedUploads (port: number, ca: string, path: string, declared: number, withheld: number, count: number): Trickle {
+  let stopped = false
+  let connections = 0
+  let delivered = 0
+  const sockets = new Set<Socket>()
+  const chunk = Buffer.alloc(64 * 1024, 0x20)
+  const open = (): void => {
+    if (stopped) return
+    connections++
+    const socket = tlsConnect({ host: '127.0.0.1', port, ca })
+    sockets.add(socket)
+    socket.on('error', () => { /* closed by the server */ })
+    socket.once('secureConnect', () => {
+      socket.write(`POST ${path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: ${String(declared)}\r\n\r\n`)
+      let left = declared - withheld
+      const more = (): void => {
+        while (left > 0 && !socket.destroyed) {
+          const n = Math.min(left, chunk.length)
+          left -= n
+          if (!socket.write(chunk.subarray(0, n))) { socket.once('drain', more); return }
+        }
+        if (left === 0 && !socket.destroyed) socket.write('', () => { delivered++ })
+      }
+      more()
+    })
+    socket.once('close', () => {
+      sockets.delete(socket)
+      setTimeout(open, 20)
+    })
+  }
+  for (let i = 0; i < count; i++) open()
+  return { stop: () => { stopped = true; for (const socket of sockets) socket.destroy() }, connections: () => connections, delivered: () => delivered }
+}
