@@ -5,15 +5,16 @@
 import type { IncomingMessage } from 'node:http'
 import type { Duplex } from 'node:stream'
 import type { FastifyReply } from 'fastify'
-import { MAX_OUTSTANDING_PER_CONNECTION, type WithPendingResponse } from './connections.js'
+import { MAX_OUTSTANDING_PER_CONNECTION, MAX_PIPELINED_PER_LISTENER, type WithPendingResponse } from './connections.js'
 import { ALLOW, notForwarded, type Refusal } from './request-guard.js'
 
 /**
- * A request beyond MAX_OUTSTANDING_PER_CONNECTION on its connection
- * (connections.ts), on any listener: not processed, and the connection
- * closed after it (condemn), so what was pipelined behind it is dropped.
+ * A request beyond MAX_OUTSTANDING_PER_CONNECTION on its connection, or
+ * MAX_PIPELINED_PER_LISTENER on its listener (connections.ts), on any
+ * listener: not processed, and the connection closed after it (condemn), so
+ * what was pipelined behind it is dropped.
  */
-export const TOO_MANY_PIPELINED: Refusal = [503, 'too_many_pipelined', `more than ${MAX_OUTSTANDING_PER_CONNECTION} requests outstanding on one connection: this one and those pipelined behind it were not processed; send them again on a new connection`]
+export const TOO_MANY_PIPELINED: Refusal = [503, 'too_many_pipelined', `too many requests pipelined (at most ${MAX_OUTSTANDING_PER_CONNECTION} outstanding on one connection, ${MAX_PIPELINED_PER_LISTENER} waiting on all of them): this one and those pipelined behind it were not processed; send them again on a new connection`]
 
 const CLIENT_ERRORS: Readonly<Record<string, readonly [number, string, string]>> = {
   HPE_HEADER_OVERFLOW: [431, 'request_header_fields_too_large', 'the request headers exceed 16 KiB'],

@@ -86,6 +86,19 @@ type WithQueued = Socket & { [QUEUED]?: ServerResponse[] }
 export const MAX_OUTSTANDING_PER_CONNECTION = 16
 
 /**
+ * How many requests may wait behind another on their connections, all
+ * connections of one listener together: what pipelining costs on top of one
+ * request per connection, bounded whatever the number of connections. Each
+ * waiting request holds its answer (up to 16 KiB collected, or what one
+ * socket buffers of a stream) until the client reads the ones before it.
+ */
+export const MAX_PIPELINED_PER_LISTENER = 1024
+
+const PIPELINED = Symbol('cos-auth-proxy.pipelinedRequests')
+/** The listener a server socket belongs to (net sets `server`), counting what waits on its connections. */
+type CountingServer = { [PIPELINED]?: number }
+
+/**
  * A response queued behind another on its connection (HTTP/1.1 pipelining:
  * Node parses ahead and hands over every request it finds while earlier
  * answers are pending) never holds the socket until those are written, and
@@ -111,18 +124,31 @@ export function closeWithConnection (res: ServerResponse): void {
     queued.length = kept
   }
   queued.push(res)
+  const server = (socket as { server?: CountingServer }).server
+  if (server !== undefined) {
+    server[PIPELINED] = (server[PIPELINED] ?? 0) + 1
+    // Every response closes: written, destroyed with its connection, or closed by closeQueued.
+    res.once('close', () => { server[PIPELINED] = (server[PIPELINED] ?? 1) - 1 })
+  }
+}
+
+/** How many requests wait behind another on the connections of `server` now. */
+export function pipelinedWaiting (server: object): number {
+  return (server as CountingServer)[PIPELINED] ?? 0
 }
 
 /**
  * Whether this request is beyond MAX_OUTSTANDING_PER_CONNECTION on its
- * connection: the one in progress plus those queued behind it, this one
- * included (after closeWithConnection has queued it). Nothing to count for
- * a response that holds its socket: nothing is ahead of it.
+ * connection (the one in progress plus those queued behind it, this one
+ * included, once closeWithConnection has queued it), or beyond
+ * MAX_PIPELINED_PER_LISTENER on its listener. Nothing to count for a
+ * response that holds its socket: nothing is ahead of it.
  */
 export function pipelinedBeyondBound (res: ServerResponse): boolean {
   if (res.socket !== null) return false
-  const queued = (res.req.socket as WithQueued)[QUEUED]
-  return queued !== undefined && queued.length >= MAX_OUTSTANDING_PER_CONNECTION
+  const socket = res.req.socket as WithQueued & { server?: CountingServer }
+  const queued = socket[QUEUED]
+  return queued !== undefined && (queued.length >= MAX_OUTSTANDING_PER_CONNECTION || (socket.server?.[PIPELINED] ?? 0) > MAX_PIPELINED_PER_LISTENER)
 }
 
 function closeQueued (this: WithQueued): void {

@@ -6,7 +6,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import { connect, type AddressInfo } from 'node:net'
 import t, { type Test } from 'tap'
-import { MAX_OUTSTANDING_PER_CONNECTION } from '../../src/client/connections.js'
+import { MAX_OUTSTANDING_PER_CONNECTION, MAX_PIPELINED_PER_LISTENER, pipelinedWaiting } from '../../src/client/connections.js'
 import { CredentialStore, readPair } from '../../src/credentials/credentials.js'
 import { createLogger } from '../../src/observability/logger.js'
 import { ProxyMetrics } from '../../src/observability/metrics.js'
@@ -146,6 +146,26 @@ t.test('one connection cannot have more than MAX_OUTSTANDING_PER_CONNECTION requ
   t.ok(res.closedByPeer, 'and the proxy closes it')
   t.same(up.seen, within.map((_, i) => `GET /${i}`), 'the refused request and the one behind it were never forwarded')
   t.equal((await rawRequest(proxy.port, within.join(''), { expect: within.length })).finals.length, within.length, 'a new connection pipelines as many again')
+})
+
+t.test('pipelined requests across connections cannot outnumber MAX_PIPELINED_PER_LISTENER: the ones beyond are refused, however many connections share the work', async t => {
+  const held: ServerResponse[] = []
+  const { proxy } = await rig(t, {}, (_req, res) => { held.push(res) })
+  const connections = Math.ceil(MAX_PIPELINED_PER_LISTENER / (MAX_OUTSTANDING_PER_CONNECTION - 1)) + 4
+  const request = Array.from({ length: MAX_OUTSTANDING_PER_CONNECTION }, (_, i) => GET(`/${i}`)).join('')
+  const results = Array.from({ length: connections }, () => rawRequest(proxy.port, request, { expect: MAX_OUTSTANDING_PER_CONNECTION, timeoutMs: 20_000, settleMs: 300 }))
+  // Answer everything forwarded, as it arrives, once the listener is at its bound.
+  for (let i = 0; i < 1500 && pipelinedWaiting(proxy.app.server) < MAX_PIPELINED_PER_LISTENER; i++) await new Promise(resolve => setTimeout(resolve, 10))
+  t.ok(pipelinedWaiting(proxy.app.server) >= MAX_PIPELINED_PER_LISTENER, `the listener reached its bound (${pipelinedWaiting(proxy.app.server)} waiting, the refusals and what they dropped included)`)
+  const release = setInterval(() => { for (const res of held.splice(0)) res.end('ok') }, 20)
+  t.teardown(() => { clearInterval(release) })
+  const all = await Promise.all(results)
+  const answered = all.flatMap(r => statuses(r))
+  const refused = answered.filter(s => s === 503).length
+  t.ok(refused > 0, `some were refused (${refused} of ${answered.length} answers)`)
+  t.ok(answered.filter(s => s === 200).length <= MAX_PIPELINED_PER_LISTENER + connections, 'no more were served than the bound allows')
+  t.equal(pipelinedWaiting(proxy.app.server), 0, 'and once answered, none is counted as waiting')
+  t.ok(all.every(r => r.finals.filter(f => f.status === 503).every(f => errorOf(f)?.code === 'too_many_pipelined')), 'each refusal says why')
 })
 
 t.test('a flood pipelined behind a refusal is cut off rather than held, and nothing of it is forwarded', async t => {
