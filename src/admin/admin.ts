@@ -114,7 +114,7 @@ function answerRefusalsAndErrors (app: FastifyInstance): void {
     const refusal = connectionRefusal(request, reply)
     if (refusal !== undefined) {
       // Before the body is read, and nothing more from this connection.
-      condemn(request.raw.socket)
+      condemn(request.raw.socket, refusal === TOO_MANY_PIPELINED ? 0 : undefined)
       reply.header('connection', 'close')
       sendError(reply, ...refusal)
       return

@@ -41,19 +41,25 @@ const STATUS_CODES_TEXT: Readonly<Record<number, string>> = { 400: 'Bad Request'
  * answer to, so a retry duplicates it) and their answers never be written.
  * The value: how many requests were dropped so far (see droppedBehindRefusal).
  */
-const condemned = new WeakMap<Duplex, { dropped: number }>()
+const condemned = new WeakMap<Duplex, { dropped: number, readonly maxDropped: number }>()
 
 // A client that pipelines this many requests behind a refused one is cut
 // off: each dropped request is held until the connection closes.
 const MAX_DROPPED = 100
 
-/** Marks the connection; false when it already was. */
-export function condemn (socket: Duplex): boolean {
+/**
+ * Marks the connection; false when it already was. `maxDropped`: how many
+ * requests behind the refusal are dropped before the connection is cut off
+ * instead. A refusal for pipelining too much gives none: its client has
+ * already sent more than any legitimate one does, and each request held
+ * behind answers it does not read costs what it costs until it does.
+ */
+export function condemn (socket: Duplex, maxDropped = MAX_DROPPED): boolean {
   if (condemned.has(socket)) return false
   // The dropped requests' responses are queued behind the refusal: they are
   // closed with the connection (closeWithConnection), which writes their log
   // lines and settles the in-flight gauge.
-  condemned.set(socket, { dropped: 0 })
+  condemned.set(socket, { dropped: 0, maxDropped })
   return true
 }
 
@@ -70,7 +76,7 @@ export function droppedBehindRefusal (reply: FastifyReply): boolean {
   reply.code(400)
   reply.hijack()
   // Holding the socket means nothing is queued ahead: the refusal is out, only the close is left.
-  if (reply.raw.socket !== null || ++state.dropped > MAX_DROPPED) socket.destroy()
+  if (reply.raw.socket !== null || ++state.dropped > state.maxDropped) socket.destroy()
   return true
 }
 

@@ -83,7 +83,7 @@ type WithQueued = Socket & { [QUEUED]?: ServerResponse[] }
  * `pipelinedBeyondBound`) and what follows it is dropped with the
  * connection (connection-refusals.ts).
  */
-export const MAX_OUTSTANDING_PER_CONNECTION = 16
+export const MAX_OUTSTANDING_PER_CONNECTION = 4
 
 /**
  * How many requests may wait behind another on their connections, all
@@ -92,7 +92,7 @@ export const MAX_OUTSTANDING_PER_CONNECTION = 16
  * waiting request holds its answer (up to 16 KiB collected, or what one
  * socket buffers of a stream) until the client reads the ones before it.
  */
-export const MAX_PIPELINED_PER_LISTENER = 1024
+export const MAX_PIPELINED_PER_LISTENER = 256
 
 const PIPELINED = Symbol('cos-auth-proxy.pipelinedRequests')
 /** The listener a server socket belongs to (net sets `server`), counting what waits on its connections. */

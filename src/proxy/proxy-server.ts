@@ -105,8 +105,9 @@ function serverOptions (opts: ProxyServerOptions): FastifyHttpOptions<Server> {
  * Node read (and discard) a body nobody wants to keep the socket alive.
  * What was pipelined behind it is dropped (see connection-refusals.ts).
  */
-function refuse (reply: FastifyReply, [status, code, message]: Refusal): void {
-  condemn(reply.request.raw.socket)
+function refuse (reply: FastifyReply, refusal: Refusal): void {
+  const [status, code, message] = refusal
+  condemn(reply.request.raw.socket, refusal === TOO_MANY_PIPELINED ? 0 : undefined)
   reply.header('connection', 'close')
   if (status === 405) reply.header('allow', ALLOW)
   sendError(reply, status, code, message)
