@@ -6,7 +6,7 @@ import type { Outcome } from './patch.js'
 
 const PREFIX = 'cos_auth_proxy_inject_'
 
-export type ErrorKind = 'malformed' | 'internal'
+export type ErrorKind = 'malformed' | 'internal' | 'busy'
 export type Reload = 'applied' | 'rejected'
 
 export class InjectMetrics {
@@ -25,7 +25,7 @@ export class InjectMetrics {
     this.injected = new Counter({ name: `${PREFIX}injected_total`, help: 'Pods the sidecar was injected into (dry runs included).', registers })
     this.skipped = new Counter({ name: `${PREFIX}skipped_total`, help: 'Reviews allowed without a patch, by reason: not_a_pod, not_create, not_annotated, already_injected.', labelNames: ['reason'], registers })
     this.refused = new Counter({ name: `${PREFIX}refused_total`, help: 'Pods denied for a bad annotation value, by annotation.', labelNames: ['annotation'], registers })
-    this.errors = new Counter({ name: `${PREFIX}errors_total`, help: 'Requests to /mutate answered with an error: malformed (400) or internal (500).', labelNames: ['kind'], registers })
+    this.errors = new Counter({ name: `${PREFIX}errors_total`, help: 'Requests to /mutate answered with an error: malformed (400, 413), internal (500) or busy (503: the bodies in flight are at their bound).', labelNames: ['kind'], registers })
     this.reloads = new Counter({ name: `${PREFIX}certificate_reloads_total`, help: 'Serving certificate changes on disk: applied, or rejected (unreadable or not a matching pair; the previous one stays).', labelNames: ['result'], registers })
     this.sidecarReloads = new Counter({ name: `${PREFIX}sidecar_reloads_total`, help: 'Sidecar definition (COS_INJECT_SIDECAR_FILE) changes on disk: applied, or rejected (not valid JSON or fails the checks; the previous one stays).', labelNames: ['result'], registers })
     this.definition = new Gauge({ name: `${PREFIX}sidecar_definition_info`, help: 'The definition injected now: version is the value new pods get in the cos-auth-proxy.io/injected-version annotation; running pods with another value have an out-of-date sidecar.', labelNames: ['version'], registers })

@@ -5,48 +5,56 @@ import { createHash } from 'node:crypto'
 import { readFile } from 'node:fs/promises'
 import type { Server as HttpsServer } from 'node:https'
 import { createSecureContext } from 'node:tls'
-import Fastify, { LogController, type FastifyBaseLogger, type FastifyError, type FastifyInstance } from 'fastify'
+import Fastify, { LogController, type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify'
 import { sendError } from '../proxy/errors.js'
+import { BodyBudget, BudgetExceeded, limitBodiesInFlight, WEBHOOK_LIMITS, webhookServer, type WebhookLimits } from './limits.js'
 import type { InjectMetrics } from './metrics.js'
 import { answerReview, MalformedReview, type InjectSettings } from './patch.js'
 
 export interface CertificateFiles { readonly certFile: string, readonly keyFile: string }
 
 export interface WebhookOptions {
-  /** Asked per review: the definition can be replaced while serving (source.ts). */
+  /** Asked per review: the definition can be replaced while serving (SidecarSource, run.ts). */
   readonly settings: () => InjectSettings
   readonly tls: CertificateFiles
   readonly metrics: InjectMetrics
   readonly logger: FastifyBaseLogger
   /** How often the certificate files are compared with what is served. */
   readonly certificateCheckMs?: number
+  /** WEBHOOK_LIMITS where not given. */
+  readonly limits?: Partial<WebhookLimits>
+  /** The bodies in flight (a test reads it); one of limits.bodyBytesInFlight where not given. */
+  readonly budget?: BodyBudget
 }
 
 /**
  * What no AdmissionReview of a Pod comes near, checked before JSON.parse
  * (docs/kubernetes.md, The webhook). The API server refuses requests over
  * 3 MiB and etcd objects over 1.5 MiB. A Pod nests about 20 deep at most
- * (managedFields included), and even one made only of env variables with
- * their managedFields entries spends 20 bytes on each object or array:
- * 160,000 in 3 MiB. What JSON.parse costs is the objects it builds: nested
- * arrays make one per 2 bytes (1.5 million in 3 MB: seconds of the event
- * loop, most of it the garbage collector moving them), and the depth limit
- * alone would not stop `[[],[],…]` (one per 3 bytes).
+ * (managedFields included). What JSON.parse costs is what it builds: nested
+ * arrays make one object per 2 bytes (1.5 million in 3 MB: seconds of the
+ * event loop), and 3 MiB of small objects with distinct keys held 42 MB of
+ * the 64 MiB heap, enough to abort the process beside other work (issue 33).
+ * The densest real Pod, all env variables with their managedFields entries,
+ * spends ~20 bytes on each object or array and ~9 on each value or key
+ * (counted by their `,` and `:`): 100,000 and 300,000 admit one of ~2 MiB,
+ * more than etcd stores, and hold the worst body to ~24 MB of heap.
  */
-export const REVIEW_LIMITS = { bodyBytes: 3 * 1024 * 1024, depth: 64, containers: 200_000 } as const
+export const REVIEW_LIMITS = { bodyBytes: 3 * 1024 * 1024, depth: 64, containers: 100_000, items: 300_000 } as const
 
 const QUOTE = 0x22
 const BACKSLASH = 0x5c
 
 /**
  * One linear pass over the bytes, strings skipped (UTF-8 continuation bytes
- * are never a quote, backslash or bracket): the first limit the nesting or
- * the number of objects and arrays exceeds, or undefined. Unbalanced or
- * malformed text is JSON.parse's to refuse.
+ * are never a quote, backslash, bracket, comma or colon): the first limit the
+ * nesting, the number of objects and arrays, or of values and keys exceeds,
+ * or undefined. Unbalanced or malformed text is JSON.parse's to refuse.
  */
-export function jsonShapeProblem (body: Buffer, limits: { readonly depth: number, readonly containers: number } = REVIEW_LIMITS): string | undefined {
+export function jsonShapeProblem (body: Buffer, limits: { readonly depth: number, readonly containers: number, readonly items: number } = REVIEW_LIMITS): string | undefined {
   let depth = 0
   let containers = 0
+  let items = 0
   const n = body.length
   for (let i = 0; i < n; i++) {
     const c = body[i]
@@ -77,6 +85,8 @@ export function jsonShapeProblem (body: Buffer, limits: { readonly depth: number
       if (++containers > limits.containers) return `the body holds more than ${limits.containers} objects and arrays; no AdmissionReview of a Pod does (refused before parsing)`
     } else if (c === 0x5d || c === 0x7d) {
       depth--
+    } else if (c === 0x2c || c === 0x3a) {
+      if (++items > limits.items) return `the body holds more than ${limits.items} values and keys; no AdmissionReview of a Pod does (refused before parsing)`
     }
   }
   return undefined
@@ -124,20 +134,31 @@ async function readPem (files: CertificateFiles): Promise<Pem> {
 /** Routes registered, not listening. The certificate is read before it returns. */
 export async function buildWebhookServer (opts: WebhookOptions): Promise<FastifyInstance<HttpsServer>> {
   const { metrics, settings } = opts
+  const limits = { ...WEBHOOK_LIMITS, ...opts.limits }
   const first = await readPem(opts.tls)
+  const tls = { cert: first.cert, key: first.key, minVersion: 'TLSv1.2' } as const
   const app = Fastify<HttpsServer>({
-    https: { cert: first.cert, key: first.key, minVersion: 'TLSv1.2' },
+    https: tls,
+    // The server with Node's limits, the connection cap and the pipelining bound (limits.ts).
+    serverFactory: handler => webhookServer(tls, limits, handler),
     loggerInstance: opts.logger,
     bodyLimit: REVIEW_LIMITS.bodyBytes,
-    // The API server gives up after the webhook's timeoutSeconds (30 at most):
-    // a body still arriving after that only holds memory.
-    requestTimeout: 30_000,
     // The /mutate handler logs what was decided; Fastify's own lines would only repeat it.
     logController: new (class extends LogController {
       override incomingRequest (): void { /* see above */ }
       override requestCompleted (): void { /* see above */ }
     })(),
   })
+
+  const budget = opts.budget ?? new BodyBudget(limits.bodyBytesInFlight)
+  const refuse = (request: FastifyRequest, reply: FastifyReply, declared: number): void => {
+    metrics.error('busy')
+    const message = `the webhook holds ${budget.inFlight} bytes of other reviews' bodies; ${declared === 0 ? 'this chunked one' : `this one's ${declared}`} would pass its bound of ${budget.limit}: try again`
+    request.log.warn({ problem: message }, 'admission review refused: bodies in flight')
+    void reply.header('connection', 'close').header('retry-after', '1')
+    sendError(reply, 503, 'webhook_busy', message)
+  }
+  limitBodiesInFlight(app, budget, REVIEW_LIMITS.bodyBytes, refuse)
 
   // JSON as Fastify parses it (secure-json-parse: no __proto__ or constructor.prototype
   // keys), after the shape check: JSON.parse never sees a body that would make it build
@@ -160,6 +181,10 @@ export async function buildWebhookServer (opts: WebhookOptions): Promise<Fastify
   })
 
   app.setErrorHandler((error: FastifyError, request, reply) => {
+    if (error instanceof BudgetExceeded) {
+      refuse(request, reply, 0)
+      return
+    }
     if (error instanceof RefusedBody) {
       metrics.error('malformed')
       request.log.warn({ problem: error.message }, 'malformed admission review')

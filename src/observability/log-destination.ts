@@ -22,7 +22,7 @@ import { writeSync } from 'node:fs'
 export interface BatchedStdoutOptions {
   /** Default 1 (stdout). */
   readonly fd?: number
-  /** Characters held while the fd cannot take them; default 8 MiB. */
+  /** Characters held while the fd cannot take them; default 2 MiB (of a 64 MiB old space in the image). */
   readonly maxPendingBytes?: number
   /** How soon to try again after EAGAIN; default 10 ms. */
   readonly retryMs?: number
@@ -49,7 +49,7 @@ export class BatchedStdout {
 
   constructor (opts: BatchedStdoutOptions = {}) {
     this.#fd = opts.fd ?? 1
-    this.#maxPending = opts.maxPendingBytes ?? 8 * 1024 * 1024
+    this.#maxPending = opts.maxPendingBytes ?? 2 * 1024 * 1024
     this.#retryMs = opts.retryMs ?? 10
     this.#maxDelayMs = opts.maxDelayMs ?? 5
   }

@@ -132,3 +132,19 @@ export function applyResponsePatch (pod: Json, response: { patchType?: string, p
     annotations: (patched.metadata as { annotations: Record<string, string> }).annotations,
   }
 }
+
+/**
+ * The review that costs JSON.parse the most and still passes the webhook's
+ * scan (issue 33): as many members `"<n>":{"<n>":1}` as REVIEW_LIMITS allows
+ * (each one small object with a key no other has: its own hidden class),
+ * padded with a long annotation to just under the 3 MiB body limit.
+ */
+export function costliestReview (limits: { readonly items: number, readonly containers: number }): string {
+  // Each member counts one object and three values and keys (two ':' and a ','); the review's own take a few hundred.
+  const members = Math.min(Math.floor((limits.items - 1000) / 3), limits.containers - 200)
+  const parts: string[] = []
+  for (let i = 0; i < members; i++) parts.push(`"${i.toString(36)}":{"${i.toString(36)}":1}`)
+  const base = JSON.stringify(podReview(appPod({ 'example.com/pad': '' })))
+  const review = base.replace('"metadata":{', `"metadata":{"junk":{${parts.join(',')}},`)
+  return review.replace('"example.com/pad":""', `"example.com/pad":"${'p'.repeat(3 * 1024 * 1024 - 100 - review.length)}"`)
+}

@@ -3,18 +3,22 @@
 // would make JSON.parse build millions of arrays are refused before parsing,
 // a legitimate review is still answered while three clients send them,
 // oversized bodies get a JSON 413 while the largest real reviews pass, and a
-// review's huge field never reaches the log whole.
+// review's huge field never reaches the log whole. Issue 33: small objects
+// with distinct keys (the costliest per byte) are bounded too, and the
+// costliest body the scan lets through is measured.
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import { Agent, request as httpsRequest } from 'node:https'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
+import { getHeapStatistics, setFlagsFromString } from 'node:v8'
+import { runInNewContext } from 'node:vm'
 import t, { type Test } from 'tap'
 import { InjectMetrics } from '../../src/inject/metrics.js'
-import { buildWebhookServer } from '../../src/inject/server.js'
+import { buildWebhookServer, jsonShapeProblem, REVIEW_LIMITS } from '../../src/inject/server.js'
 import { createLogger } from '../../src/observability/logger.js'
 import { LogCapture } from '../support/helpers.js'
 import { makePki } from '../support/tls-fixtures.js'
-import { appPod, applyResponsePatch, EXAMPLE_SETTINGS, podReview } from '../inject/pods.js'
+import { appPod, applyResponsePatch, costliestReview, EXAMPLE_SETTINGS, podReview } from '../inject/pods.js'
 
 type Json = Record<string, unknown>
 
@@ -147,6 +151,46 @@ t.test('an oversized body is refused with a JSON 413, while the largest real rev
   const review = JSON.parse(answer.body) as { response: { allowed: boolean, patchType?: string, patch?: string } }
   t.equal(review.response.allowed, true)
   t.ok(applyResponsePatch(dense, review.response).spec.initContainers?.length === 1, 'and injected')
+})
+
+/** `entries` members `"<n>":{"<n>":1}` in one object: each a small object with a key no other has, the costliest thing per byte JSON.parse builds. */
+function distinctKeyObjects (entries: number): string {
+  const members: string[] = []
+  for (let i = 0; i < entries; i++) members.push(`"${i.toString(36)}":{"${i.toString(36)}":1}`)
+  return `{${members.join(',')}}`
+}
+
+/** A review padded to just under 3 MiB with a long annotation: the body limit is not what refuses it. */
+function paddedTo3MiB (review: string): string {
+  const padded = review.replace('"metadata":{', '"metadata":{"pad":"",')
+  return padded.replace('"pad":""', `"pad":"${'p'.repeat(3 * 1024 * 1024 - 100 - padded.length)}"`)
+}
+
+t.test('3 MiB of small objects with distinct keys, which took 42 MB of the 64 MiB heap, is refused before parsing', async t => {
+  const { port } = await startWebhook(t)
+  // What passed the scan before (170,000 objects, under its 200,000), in 3 MiB.
+  const body = paddedTo3MiB(reviewWith(distinctKeyObjects(170_000)))
+  t.ok(body.length < 3 * 1024 * 1024, `${body.length} bytes`)
+  const answer = await post(port, body)
+  t.equal(answer.status, 400)
+  t.match(errorOf(answer).message, /values and keys|objects and arrays/)
+})
+
+t.test('the costliest review the scan lets through holds under 32 MB of heap once parsed, and is answered', async t => {
+  const body = costliestReview(REVIEW_LIMITS)
+  t.ok(body.length < REVIEW_LIMITS.bodyBytes, `${body.length} bytes`)
+  t.equal(jsonShapeProblem(Buffer.from(body)), undefined, 'passes the scan')
+  setFlagsFromString('--expose-gc')
+  const gc = runInNewContext('gc') as () => void
+  gc()
+  const before = getHeapStatistics().used_heap_size
+  const parsed: unknown = JSON.parse(body)
+  gc()
+  const held = getHeapStatistics().used_heap_size - before
+  // 24.2 MB on Node 22 and 24; 42 MB for what the previous limits let through.
+  t.ok(parsed !== undefined && held < 32 * 1024 * 1024, `${(held / 1024 / 1024).toFixed(1)} MB held by the parsed review`)
+  const { port } = await startWebhook(t)
+  t.equal((await post(port, body)).status, 200, 'answered')
 })
 
 t.test('a review\'s 3 MB namespace is not logged whole', async t => {
