@@ -15,7 +15,7 @@ const MAX_LINES = 300
 // Test folders that are not one src/ folder's: attacks through a real proxy,
 // the operations docs against a real process, shared helpers, captured data,
 // the chart and the injector against a real API server (npm run test:kubernetes).
-const CROSS_CUTTING_TESTS = new Set(['security', 'ops', 'support', 'fixtures', 'kubernetes'])
+const CROSS_CUTTING_TESTS = new Set(['security', 'ops', 'support', 'fixtures', 'kubernetes', 'kubelet'])
 
 /** docs/development.md from "## Layout" to the next "## " heading. */
 function layoutSection (): string {
