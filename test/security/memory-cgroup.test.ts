@@ -10,7 +10,7 @@ import { join } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
 import t, { type Test } from 'tap'
 import { chartLimitMiB, createCgroup, type Cgroup } from '../../bench/cgroup.js'
-import { alive, drain, pipelineUnread, probe, statusOf, trickleBodies, unfinishedUploads, type Attacker, type Trickle } from '../support/attacks.js'
+import { alive, drain, injectEnv, INJECT_LISTENING, pipelineUnread, probe, statusOf, trickleBodies, unfinishedUploads, type Attacker, type Trickle } from '../support/attacks.js'
 import { start } from '../support/cli-process.js'
 import { startUpstream } from '../support/helpers.js'
 import { startSidecar, writeKeyPair } from '../support/sidecar.js'
@@ -82,15 +82,7 @@ t.test('inject in a memory cgroup at the chart\'s limit survives every per-conne
   const pki = makePki()
   let kill = (): Promise<void> => { pki.cleanup(); return Promise.resolve() }
   const cgroup = cgroupFor(t, 'test-inject', () => kill())
-  const { daemon, match } = await start(['inject'], {
-    COS_INJECT_HOST: '127.0.0.1',
-    COS_INJECT_PORT: '0',
-    COS_INJECT_TLS_CERT_FILE: join(pki.dir, 'server.pem'),
-    COS_INJECT_TLS_KEY_FILE: join(pki.dir, 'server.key'),
-    COS_INJECT_IMAGE: 'registry.example.com/cos-auth-proxy:0.1.0',
-    COS_INJECT_DEFAULT_SECRET: 'cos-credentials',
-    COS_MANAGEMENT_API_URL: 'https://management.cos.example.com/api',
-  }, /"port":(\d+),"admin":\{"address":"[^"]+","port":(\d+)\}.*injection webhook listening/, { asImage: true, cgroupDir: cgroup.dir })
+  const { daemon, match } = await start(['inject'], injectEnv(pki.dir), INJECT_LISTENING, { asImage: true, cgroupDir: cgroup.dir })
   kill = async () => { daemon.child.kill('SIGKILL'); await daemon.exited; pki.cleanup() }
   const webhook = Number(match[1])
   const admin = Number(match[2])

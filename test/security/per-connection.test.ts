@@ -11,7 +11,7 @@ import { join } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
 import t, { type Test } from 'tap'
 import { MAX_OUTSTANDING_PER_CONNECTION } from '../../src/client/connections.js'
-import { alive, drain, pipelineUnread, probe, statusOf, trickleBodies } from '../support/attacks.js'
+import { alive, drain, injectEnv, INJECT_LISTENING, pipelineUnread, probe, statusOf, trickleBodies } from '../support/attacks.js'
 import { start } from '../support/cli-process.js'
 import { send, startUpstream } from '../support/helpers.js'
 import { startSidecar, writeKeyPair, type Sidecar } from '../support/sidecar.js'
@@ -49,17 +49,9 @@ t.test('pipelined scrapes cannot exhaust the heap: 1,500 GET /metrics in one wri
 t.test('pipelined scrapes on the webhook\'s admin port cannot exhaust its heap: 8 connections × 1,500 GET /metrics', async t => {
   const pki = makePki()
   t.teardown(() => { pki.cleanup() })
-  const { daemon, match } = await start(['inject'], {
-    COS_INJECT_HOST: '127.0.0.1',
-    COS_INJECT_PORT: '0',
-    COS_INJECT_TLS_CERT_FILE: join(pki.dir, 'server.pem'),
-    COS_INJECT_TLS_KEY_FILE: join(pki.dir, 'server.key'),
-    COS_INJECT_IMAGE: 'registry.example.com/cos-auth-proxy:0.1.0',
-    COS_INJECT_DEFAULT_SECRET: 'cos-credentials',
-    COS_MANAGEMENT_API_URL: 'https://management.cos.example.com/api',
-  }, /"admin":\{"address":"[^"]+","port":(\d+)\}.*injection webhook listening/, { asImage: true })
+  const { daemon, match } = await start(['inject'], injectEnv(pki.dir), INJECT_LISTENING, { asImage: true })
   t.teardown(() => { daemon.child.kill('SIGKILL') })
-  const admin = Number(match[1])
+  const admin = Number(match[2])
   const attackers = await pipelineUnread(admin, GET('/metrics').repeat(1500), 8)
   t.same(await probe(`http://127.0.0.1:${admin}/healthz`, 10, 200), Array(10).fill(200), '/healthz answers on another connection throughout')
   const got = await Promise.all(attackers.map(a => drain(a)))

@@ -3,6 +3,7 @@
 // and the probe that must keep answering meanwhile. Shared by
 // test/security/per-connection.test.ts and memory-cgroup.test.ts.
 import { connect, type Socket } from 'node:net'
+import { join } from 'node:path'
 import { connect as tlsConnect } from 'node:tls'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { scaled } from './time-scale.js'
@@ -137,3 +138,19 @@ export function unfinishedUploads (port: number, ca: string, path: string, decla
   for (let i = 0; i < count; i++) open()
   return { stop: () => { stopped = true; for (const socket of sockets) socket.destroy() }, connections: () => connections, delivered: () => delivered }
 }
+
+/** The environment `inject` needs, serving `pki`'s pair (tls-fixtures.ts), on ephemeral ports. */
+export function injectEnv (pkiDir: string): Record<string, string> {
+  return {
+    COS_INJECT_HOST: '127.0.0.1',
+    COS_INJECT_PORT: '0',
+    COS_INJECT_TLS_CERT_FILE: join(pkiDir, 'server.pem'),
+    COS_INJECT_TLS_KEY_FILE: join(pkiDir, 'server.key'),
+    COS_INJECT_IMAGE: 'registry.example.com/cos-auth-proxy:0.1.0',
+    COS_INJECT_DEFAULT_SECRET: 'cos-credentials',
+    COS_MANAGEMENT_API_URL: 'https://management.cos.example.com/api',
+  }
+}
+
+/** Matches `inject`'s listening line: the webhook's port, then the admin port. */
+export const INJECT_LISTENING = /"port":(\d+),"admin":\{"address":"[^"]+","port":(\d+)\}.*injection webhook listening/
