@@ -269,7 +269,13 @@ kubectl_ns() { # dir args...
 # ---------------------------------------------------------------- the host's snapshot
 # What `down` compares with. Mount points and cgroups that other work on the machine makes
 # and removes meanwhile (podman's storage, the project's benchmark cgroups) are not compared.
-snap_mounts() { awk '$5 !~ /^\/(var\/lib|run)\/containers\/storage/ {print $5}' /proc/self/mountinfo | sort; }
+# Mounts where the node makes them (its run directory $SNAP_DIR, /run, the kubelet's and
+# containerd's default roots, cgroups); not elsewhere, where other root work on the machine (a
+# container build's chroot) may mount and unmount meanwhile; not podman's own storage.
+snap_mounts() {
+  awk -v run="${SNAP_DIR:?}/" '$5 !~ /^\/(var\/lib|run)\/containers\/storage/ &&
+    ($5 ~ /^\/(run|var\/run|var\/lib\/kubelet|var\/lib\/containerd|sys\/fs\/cgroup)(\/|$)/ || index($5, run) == 1) {print $5}' /proc/self/mountinfo | sort
+}
 snap_cgroups() { { find /sys/fs/cgroup -maxdepth 8 -type d -path '*kubepods*' 2>/dev/null || true; } | sort; }
 snap_iptables() { # rules and chains, without counters and the dated comment lines
   { iptables-save 2>/dev/null || true; ip6tables-save 2>/dev/null || true; } | sed -e '/^#/d' -e 's/ \[[0-9]*:[0-9]*\]$//' | sort
@@ -284,6 +290,7 @@ snap_cni() { { find /var/lib/cni -type f 2>/dev/null || true; } | sort; }
 take_snapshot() { # dir
   local s=$1/snapshot
   mkdir -p "$s"
+  SNAP_DIR=$1
   snap_mounts >"$s/mounts"; snap_cgroups >"$s/cgroups"; snap_iptables >"$s/iptables"
   snap_netns >"$s/netns"; snap_addr >"$s/addr"; snap_links >"$s/links"
   snap_paths >"$s/paths"; snap_logs >"$s/logs"; snap_cni >"$s/cni"
@@ -741,6 +748,7 @@ down() {
 
 check_clean() { # dir
   local s=$1/snapshot bad=0 what d
+  SNAP_DIR=$1
   for what in mounts cgroups iptables netns addr links paths cni; do
     d=$(diff <(sort "$s/$what") <("snap_$what") | grep '^[<>]' || true)
     if [ -n "$d" ]; then

@@ -1,0 +1,30 @@
+// The chart's standalone mode on the node (issue 34, proof 8): `helm install --set
+// mode=deployment` as docs/kubernetes.md shows it, its Deployment's pods Ready, and a request to
+// its Service's ClusterIP (routed by kube-proxy's iptables rules inside the namespace) answered
+// 200 by the mock API through the proxy. The NetworkPolicy it renders is stored but not
+// enforced: the node's CNI (the bridge plugin) enforces none.
+import { ok, section } from '../kubernetes/report.js'
+import { curlStatus, imageValues, kubectl, seconds, until, type Context } from './cluster.js'
+import { APPS } from './injection.js'
+
+export async function standalone (x: Context): Promise<void> {
+  await section('standalone: the Deployment answers through its Service', async () => {
+    const t = Date.now()
+    const r = x.helm(['install', 'cos-auth-proxy', x.chart, '--namespace', APPS, ...imageValues(x), '--set', 'mode=deployment',
+      '--set', `upstream.managementUrl=${x.mockUrl}/management`, '--set', `upstream.optimizeUrl=${x.mockUrl}/optimize`,
+      '--set', 'credentials.existingSecret=cos-credentials', '--set', 'proxy.allowFrom={10.88.0.0/16}', '--wait', '--timeout', '180s'])
+    if (!ok(r.code === 0, `helm install cos-auth-proxy --set mode=deployment --wait (${seconds(t)})`, r.stderr.trim())) return
+    const ready = kubectl('-n', APPS, 'get', 'deployment', 'cos-auth-proxy', '-o', 'jsonpath={.status.readyReplicas}/{.spec.replicas}').stdout
+    ok(/^(\d+)\/\1$/.test(ready), `Deployment cos-auth-proxy: ${ready} replicas ready`)
+    const ip = kubectl('-n', APPS, 'get', 'service', 'cos-auth-proxy', '-o', 'jsonpath={.spec.clusterIP}').stdout
+    const endpoints = kubectl('-n', APPS, 'get', 'endpointslices', '-l', 'kubernetes.io/service-name=cos-auth-proxy', '-o', 'jsonpath={.items[*].endpoints[*].addresses[0]}').stdout.split(' ').filter(Boolean)
+    ok(endpoints.length >= 1, `Service cos-auth-proxy at ${ip}:8080, endpoints ${endpoints.join(', ')}`)
+    const statuses = Array.from({ length: 6 }, () => curlStatus(`http://${ip}:8080/management/v1/clusters`))
+    ok(statuses.every(s => s === '200'), `GET http://${ip}:8080/management/v1/clusters through kube-proxy: ${statuses.join(', ')}`)
+    const seen = await until('the mock API\'s lines', 10, () => endpoints.some(e => x.mockLog().includes(`"remoteAddress":"${e}"`)) ? true : undefined).catch(() => false)
+    ok(seen,
+      'the mock API verified the tokens of requests from the Deployment\'s pods')
+    const del = x.helm(['uninstall', 'cos-auth-proxy', '--namespace', APPS, '--wait', '--timeout', '120s'])
+    ok(del.code === 0, 'helm uninstall cos-auth-proxy', del.stderr.trim())
+  })
+}
