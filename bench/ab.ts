@@ -36,10 +36,12 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { parseArgs } from 'node:util'
 import { fixed, table } from './format.js'
-import {
-  ROOT, parseEnv, thisBuild, splitArgs, useNode, choosePinning, cpuTicks, installCleanup, machine, median, pinProcess, runLoad, scratchDir, startFloor, startProxy,
-  startUpstream, stopAll, workloadLoad, parseWorkload, type Server,
-} from './harness.js'
+import { installCleanup, scratchDir, stopAll } from './support/children.js'
+import { parseWorkload, runLoad, workloadLoad } from './support/load.js'
+import { choosePinning, cpuTicks, machine, pinProcess } from './support/machine.js'
+import { median } from './support/measure.js'
+import { parseEnv, ROOT, splitArgs, useNode } from './support/node.js'
+import { startFloor, startProxy, startUpstream, thisBuild, type Server } from './support/servers.js'
 import { imageBuild, type Build } from './image.js'
 
 const { values } = parseArgs({

@@ -16,7 +16,11 @@ import { parseArgs } from 'node:util'
 import autocannon from 'autocannon'
 import { fixed, table } from './format.js'
 import { buildGoSigner, startGoSigner } from './go-signer.js'
-import { SMALL_PATH, choosePinning, installCleanup, machine, pinProcess, runLoad, scratchDir, startFloor, startProxy, startUpstream, stopAll, stopChild, useNode, type Server } from './harness.js'
+import { installCleanup, scratchDir, stopAll, stopChild } from './support/children.js'
+import { runLoad, SMALL_PATH } from './support/load.js'
+import { choosePinning, machine, pinProcess } from './support/machine.js'
+import { useNode } from './support/node.js'
+import { startFloor, startProxy, startUpstream, type Server } from './support/servers.js'
 
 const { values } = parseArgs({
   options: {

@@ -5,7 +5,7 @@ import { existsSync, readFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { table } from './format.js'
-import { BENCH_DIR, ROOT } from './harness.js'
+import { BENCH_DIR, ROOT } from './support/node.js'
 
 interface Site { readonly name: string, readonly where: string, readonly bytes: number }
 interface Sampled { readonly total: number, readonly sites: readonly Site[] }

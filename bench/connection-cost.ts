@@ -18,7 +18,7 @@ import { join } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { parseArgs } from 'node:util'
 import { chartLimitMiB, createCgroup } from './cgroup.js'
-import { ROOT, nodeUnderTest, useNode } from './harness.js'
+import { nodeUnderTest, ROOT, useNode } from './support/node.js'
 import { imageBuild } from './image.js'
 
 const { values } = parseArgs({

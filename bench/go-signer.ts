@@ -10,7 +10,10 @@ import type { AddressInfo } from 'node:net'
 import { join } from 'node:path'
 import { buildMockApi } from '../src/mock-api/mock-api.js'
 import { parseToken, secretKey } from '../src/token/token.js'
-import { BENCH_DIR, cpuMs, firstJsonLine, spawnProgram, stopChild, waitFor200, type Server } from './harness.js'
+import { firstJsonLine, spawnProgram, stopChild, waitFor200 } from './support/children.js'
+import { cpuMs } from './support/machine.js'
+import { BENCH_DIR } from './support/node.js'
+import type { Server } from './support/servers.js'
 
 export type GoSigner =
   | { readonly binary: string, readonly go: string }

@@ -19,10 +19,12 @@ import { join } from 'node:path'
 import { parseArgs } from 'node:util'
 import { allocNodeArgs, allocReport, startSampling, stopSampling } from './alloc.js'
 import { fixed, table } from './format.js'
-import {
-  BENCH_DIR, CLI, ROOT, SMALL_PATH, thisBuild, awaitQuiet, cpuTicks, median, noiseProbe, parseEnv, runPaced, splitArgs, useNode, type Measured, choosePinning, installCleanup, machine, measure, pinProcess, runLoad, scratchDir, startFloor,
-  startProxy, startUpstream, stopAll, stopChild, workloadLoad, parseWorkload,
-} from './harness.js'
+import { installCleanup, scratchDir, stopAll, stopChild } from './support/children.js'
+import { parseWorkload, runLoad, runPaced, SMALL_PATH, workloadLoad } from './support/load.js'
+import { awaitQuiet, choosePinning, cpuTicks, machine, noiseProbe, pinProcess } from './support/machine.js'
+import { measure, median, type Measured } from './support/measure.js'
+import { BENCH_DIR, CLI, parseEnv, ROOT, splitArgs, useNode } from './support/node.js'
+import { startFloor, startProxy, startUpstream, thisBuild } from './support/servers.js'
 
 interface CallFrame { readonly functionName: string, readonly url: string, readonly lineNumber: number }
 interface ProfileNode { readonly id: number, readonly callFrame: CallFrame, readonly children?: readonly number[] }

@@ -31,10 +31,11 @@ import { chartLimitMiB, createCgroup } from './cgroup.js'
 import { isAbsolute, join } from 'node:path'
 import { parseArgs } from 'node:util'
 import { fixed, table } from './format.js'
-import {
-  BENCH_DIR, cpuTicks, nodeUnderTest, parseEnv, thisBuild, splitArgs, useNode, choosePinning, installCleanup, machine, pinProcess, runLoad, scratchDir, startProxy,
-  startUpstream, stopAll, stopChild, vmMB, SMALL_PATH, gitCommit,
-} from './harness.js'
+import { installCleanup, scratchDir, stopAll, stopChild } from './support/children.js'
+import { runLoad, SMALL_PATH } from './support/load.js'
+import { choosePinning, cpuTicks, machine, pinProcess, vmMB } from './support/machine.js'
+import { BENCH_DIR, gitCommit, nodeUnderTest, parseEnv, splitArgs, useNode } from './support/node.js'
+import { startProxy, startUpstream, thisBuild } from './support/servers.js'
 
 const { values } = parseArgs({
   options: {

@@ -17,10 +17,12 @@ import { join } from 'node:path'
 import { pathToFileURL } from 'node:url'
 import { parseArgs } from 'node:util'
 import { fixed, table } from './format.js'
-import {
-  BENCH_DIR, SMALL_PATH, awaitQuiet, choosePinning, installCleanup, machine, median, parseEnv, pinProcess, runLoad, scratchDir, splitArgs,
-  startFloor, startProxy, startUpstream, stopAll, stopChild, useNode, type Server,
-} from './harness.js'
+import { installCleanup, scratchDir, stopAll, stopChild } from './support/children.js'
+import { runLoad, SMALL_PATH } from './support/load.js'
+import { awaitQuiet, choosePinning, machine, pinProcess } from './support/machine.js'
+import { median } from './support/measure.js'
+import { BENCH_DIR, parseEnv, splitArgs, useNode } from './support/node.js'
+import { startFloor, startProxy, startUpstream, type Server } from './support/servers.js'
 
 interface Event { readonly at: number, readonly ms: number, readonly kind?: number, readonly cpuMs?: number }
 interface Recorded { readonly gcs: Event[], readonly stalls: Event[] }

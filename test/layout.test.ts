@@ -3,6 +3,7 @@
 // a README saying what it owns), every file it names exists, each folder is
 // small enough to read in one sitting, no module is over 300 lines, tests
 // sit in the folder of the same name, and src/'s imports have no cycle.
+// bench/ is held to its own README the same way.
 import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs'
 import { dirname, join, normalize, relative } from 'node:path'
 import { fileURLToPath } from 'node:url'
@@ -10,6 +11,7 @@ import t from 'tap'
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url))
 const SRC = join(ROOT, 'src')
+const BENCH = join(ROOT, 'bench')
 const MAX_FILES = 10
 const MAX_LINES = 300
 // Test folders that are not one src/ folder's: attacks through a real proxy,
@@ -118,4 +120,26 @@ t.test('src/\'s folders import one another one way only', async t => {
     graph.set(from, [...new Set([...(graph.get(from) ?? []), ...to])])
   }
   t.equal(findCycle(graph)?.join(' → '), undefined, 'no folder imports itself through others: the tree reads top-down')
+})
+
+/** Every .ts and .mjs file under bench/ but results/, relative to the repository. */
+function benchFiles (dir = BENCH): string[] {
+  return readdirSync(dir, { withFileTypes: true }).flatMap(e => {
+    const path = join(dir, e.name)
+    if (e.isDirectory()) return path === join(BENCH, 'results') ? [] : benchFiles(path)
+    return /\.(?:ts|mjs)$/.test(e.name) ? [relative(ROOT, path)] : []
+  })
+}
+
+t.test(`bench/ is laid out as its README says, no file over ${MAX_LINES} lines`, async t => {
+  const named = new Set([...readFileSync(join(BENCH, 'README.md'), 'utf8').matchAll(/`(bench\/[\w./-]+)`/g)].map(m => m[1] as string))
+  t.ok(named.size > 20, `${named.size} paths named in bench/README.md`)
+  for (const p of named) t.ok(existsSync(join(ROOT, p)), `${p} (named in bench/README.md) exists`)
+  const files = benchFiles()
+  t.ok(files.length > 20, `${files.length} files in bench/`)
+  for (const file of files) {
+    t.ok(named.has(file), `${file} is named in bench/README.md`)
+    const lines = readFileSync(join(ROOT, file), 'utf8').replace(/\n$/, '').split('\n').length
+    t.ok(lines <= MAX_LINES, `${file}: ${lines} lines`)
+  }
 })

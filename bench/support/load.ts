@@ -1,0 +1,197 @@
+// Load: the workloads, one autocannon run with sub-millisecond latencies,
+// and open-loop load at a steady rate.
+import { Agent, get as httpGet } from 'node:http'
+import autocannon from 'autocannon'
+
+export interface Load {
+  readonly url: string
+  readonly connections: number
+  /** Seconds (unless `amount` is given). */
+  readonly duration?: number
+  readonly amount?: number
+  readonly overallRate?: number
+  readonly method?: 'GET' | 'POST'
+  readonly body?: Buffer
+  readonly headers?: Record<string, string>
+  /**
+   * Seconds of warm-up on the same connections before `duration` is
+   * measured: the result then covers only the requests sent after it.
+   * Without it every measured run would begin by opening all its
+   * connections at once, and against a saturated Node server that is a
+   * measurement of accepting them (libuv accepts one connection per
+   * event-loop turn), not of serving requests: see docs/performance.md.
+   */
+  readonly warmupSeconds?: number
+}
+
+export type Workload = 'small' | 'get-1mib' | 'post-1mib'
+export const WORKLOADS: readonly Workload[] = ['small', 'get-1mib', 'post-1mib']
+/** The catch-all route (COS_API_URL): path kept, signed. */
+export const SMALL_PATH = '/api/v1/clusters'
+const UPLOAD = Buffer.alloc(1024 * 1024, 'b')
+
+/** A --workload option's value, or an error naming the choices. */
+export function parseWorkload (value: string | undefined): Workload {
+  const workload = WORKLOADS.find(w => w === value)
+  if (workload === undefined) throw new Error(`--workload must be one of ${WORKLOADS.join(', ')}`)
+  return workload
+}
+
+/** The request each workload sends to a server at `url` (see upstream.mjs). */
+export function workloadLoad (workload: Workload, url: string, connections: number, duration: number): Load {
+  switch (workload) {
+    case 'small': return { url: url + SMALL_PATH, connections, duration }
+    case 'get-1mib': return { url: url + '/big', connections, duration }
+    case 'post-1mib': return { url: url + '/upload', connections, duration, method: 'POST', body: UPLOAD, headers: { 'content-type': 'application/octet-stream' } }
+  }
+}
+
+export interface Latency { readonly p50: number, readonly p90: number, readonly p99: number, readonly max: number, readonly mean: number }
+
+export interface LoadResult {
+  /** Completed. */
+  readonly requests: number
+  /** Sent (includes those cut off in flight when the run stopped). */
+  readonly sent: number
+  readonly seconds: number
+  readonly rps: number
+  readonly bytes: number
+  /** ms, from every 2xx response (autocannon's own histogram rounds to whole ms). */
+  readonly latency: Latency
+  readonly errors: number
+  readonly non2xx: number
+  /** Each connection's first request (warm-up included): how long a new connection waited to be served. */
+  readonly firstOnConnection: Latency
+  /** Over the whole run, warm-up included (e.g. against a log's line count). */
+  readonly total: { readonly requests: number, readonly sent: number }
+}
+
+/** Grows as needed; one Float64Array, no per-sample objects. */
+class Samples {
+  #data = new Float64Array(1 << 16)
+  #n = 0
+  add (v: number): void {
+    if (this.#n === this.#data.length) {
+      const next = new Float64Array(this.#data.length * 2)
+      next.set(this.#data)
+      this.#data = next
+    }
+    this.#data[this.#n++] = v
+  }
+
+  latency (): Latency {
+    const sorted = this.#data.subarray(0, this.#n).sort()
+    const at = (q: number): number => sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))] ?? Number.NaN
+    let sum = 0
+    for (const v of sorted) sum += v
+    return { p50: at(0.5), p90: at(0.9), p99: at(0.99), max: sorted[sorted.length - 1] ?? Number.NaN, mean: sum / sorted.length }
+  }
+}
+
+/** `onMeasuring` runs when the warm-up ends (at once without one). */
+export async function runLoad (load: Load, onMeasuring?: () => void): Promise<LoadResult> {
+  const samples = new Samples()
+  const firsts = new Samples()
+  const warmupMs = (load.warmupSeconds ?? 0) * 1000
+  const instance = autocannon({
+    url: load.url,
+    connections: load.connections,
+    pipelining: 1,
+    // Keep-alive is autocannon's only mode: each connection is reused.
+    ...(load.amount === undefined ? { duration: (load.warmupSeconds ?? 0) + (load.duration ?? 5) } : { amount: load.amount }),
+    ...(load.overallRate === undefined ? {} : { overallRate: load.overallRate }),
+    ...(load.method === undefined ? {} : { method: load.method }),
+    ...(load.body === undefined ? {} : { body: load.body }),
+    ...(load.headers === undefined ? {} : { headers: load.headers }),
+    timeout: 30,
+  })
+  const t0 = performance.now()
+  let from = t0
+  let measuring = false
+  const startMeasuring = (): void => { from = performance.now(); measuring = true; onMeasuring?.() }
+  const timer = warmupMs > 0 ? setTimeout(startMeasuring, warmupMs) : undefined
+  if (timer === undefined) startMeasuring()
+  const served = new Set<unknown>()
+  // Counted here rather than from autocannon's totals, which include the warm-up.
+  let requests = 0
+  let bytes = 0
+  let non2xx = 0
+  let errors = 0
+  instance.on('response', (client: unknown, status: number, resBytes: number, ms: number) => {
+    const ok = status >= 200 && status < 300
+    if (!served.has(client)) {
+      served.add(client)
+      if (ok) firsts.add(ms)
+    }
+    if (!measuring) return
+    requests++
+    bytes += resBytes
+    if (!ok) non2xx++
+    // Only requests sent after the warm-up: those in flight at its end waited behind it.
+    else if (performance.now() - ms >= from) samples.add(ms)
+  })
+  instance.on('reqError', () => { if (measuring) errors++ })
+  const r = await instance
+  clearTimeout(timer)
+  const seconds = warmupMs > 0 ? (performance.now() - from) / 1000 : r.duration
+  return {
+    requests: warmupMs > 0 ? requests : r.requests.total,
+    sent: warmupMs > 0 ? requests : r.requests.sent,
+    seconds,
+    rps: (warmupMs > 0 ? requests : r.requests.total) / seconds,
+    bytes: warmupMs > 0 ? bytes : r.throughput.total,
+    latency: samples.latency(),
+    errors: warmupMs > 0 ? errors : r.errors + r.timeouts,
+    non2xx: warmupMs > 0 ? non2xx : r.non2xx,
+    firstOnConnection: firsts.latency(),
+    total: { requests: r.requests.total, sent: r.requests.sent },
+  }
+}
+
+/**
+ * Open-loop load at a steady rate: one GET every 1/rate s on a keep-alive
+ * agent, each sent on time whether or not earlier ones have been answered.
+ * autocannon's overallRate is not that: each connection sends its per-second
+ * quota back to back at every 1 s tick, so with N connections the "fixed
+ * rate" is a burst at concurrency N and its latency is mostly queueing.
+ */
+export async function runPaced (url: string, rate: number, seconds: number, clients = 10): Promise<LoadResult> {
+  // Requests beyond `clients` in flight wait for a socket: that queueing is part of their latency.
+  const agent = new Agent({ keepAlive: true, maxSockets: clients })
+  const total = Math.round(rate * seconds)
+  const intervalMs = 1000 / rate
+  const samples = new Samples()
+  let sent = 0
+  let done = 0
+  let errors = 0
+  let non2xx = 0
+  let bytes = 0
+  const t0 = performance.now()
+  await new Promise<void>(resolve => {
+    const finished = (): void => { if (++done === total) resolve() }
+    const fire = (): void => {
+      const start = performance.now()
+      const req = httpGet(url, { agent }, res => {
+        res.on('data', (chunk: Buffer) => { bytes += chunk.length })
+        res.on('end', () => {
+          const status = res.statusCode ?? 0
+          if (status >= 200 && status < 300) samples.add(performance.now() - start)
+          else non2xx++
+          finished()
+        })
+      })
+      req.on('error', () => { errors++; finished() })
+    }
+    // Timers fire late by up to a millisecond or so: send whatever is due.
+    const tick = (): void => {
+      const due = Math.min(total, Math.floor((performance.now() - t0) / intervalMs) + 1)
+      while (sent < due) { sent++; fire() }
+      if (sent < total) setTimeout(tick, Math.max(0, t0 + sent * intervalMs - performance.now()))
+    }
+    tick()
+  })
+  const secondsRun = (performance.now() - t0) / 1000
+  agent.destroy()
+  // Connections are the agent's, opened as needed: no first-request figure.
+  return { requests: done - errors, sent, seconds: secondsRun, rps: (done - errors) / secondsRun, bytes, latency: samples.latency(), errors, non2xx, firstOnConnection: new Samples().latency(), total: { requests: done - errors, sent } }
+}
