@@ -1,5 +1,5 @@
 // npm run bench:soak -- [--limit 192] [--minutes 10] [--connections 256] [--node <path>] [--node-args="<flags>"] [--env NAME=value …]
-//                       [--no-limit] [--level info] [--out <name>]
+//                       [--no-limit] [--warm-binary] [--level info] [--out <name>]
 //
 // The proxy under a real memory limit, as the kubelet sets one: a Linux
 // memory cgroup (v1 `memory.limit_in_bytes`, or v2 `memory.max`) created
@@ -22,12 +22,18 @@
 // and timeouts. The cgroup and every process are removed on exit, also on
 // Ctrl-C or an error.
 //
+// The proxy starts from a fresh copy of the Node binary whose pages are not in the page cache
+// (bench/support/fresh-binary.ts), so that the binary's pages it reads are charged to its
+// cgroup, as for the first sidecar on a node; `--warm-binary` starts it from the binary as it
+// is (its pages cached, and charged to whoever read them first).
+//
 // `--limit` defaults to the chart's resources.limits.memory
 // (helm/cos-auth-proxy/values.yaml). `--no-limit` runs the same load
 // without a cgroup (peak RSS as `npm run bench` measures it).
 import { execFileSync } from 'node:child_process'
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs'
 import { chartLimitMiB, createCgroup } from './cgroup.js'
+import { freshBinary } from './support/fresh-binary.js'
 import { isAbsolute, join } from 'node:path'
 import { parseArgs } from 'node:util'
 import { fixed, table } from './format.js'
@@ -41,6 +47,7 @@ const { values } = parseArgs({
   options: {
     limit: { type: 'string' },
     'no-limit': { type: 'boolean', default: false },
+    'warm-binary': { type: 'boolean', default: false },
     minutes: { type: 'string', default: '10' },
     connections: { type: 'string', default: '256' },
     level: { type: 'string', default: 'info' },
@@ -84,8 +91,11 @@ async function main (): Promise<void> {
   const load0 = read('/proc/loadavg').split(' ').slice(0, 3).join(' ')
   try {
     progress(`soak: ${connections} connections for ${minutes} min, ${limitMiB === undefined ? 'no memory limit' : `in ${cgroup?.dir} (limit ${limitMiB} MiB, cgroup v${cgroup?.version})`}\n  proxy: ${build.description}${nodeArgs.length > 0 ? ` + ${nodeArgs.join(' ')}` : ''}${Object.keys(env).length > 0 ? ` + ${Object.entries(env).map(([k, v]) => `${k}=${v}`).join(' ')}` : ''}\n  ${m.cpuModel}, ${m.cores} cores, Node ${m.node}; load average ${load0}`)
+    const fresh = values['warm-binary'] ? undefined : freshBinary(nodeUnderTest().path, scratch.path)
+    progress(fresh === undefined ? '  binary: as it is (warm page cache)' : `  binary: a fresh copy, ${fixed(fresh.cachedMB, 1)} MB of it in the page cache`)
     const upstream = await startUpstream(pin.upstream)
     const proxy = await startProxy({
+      ...(fresh === undefined ? {} : { node: fresh.path }),
       upstreamUrl: upstream.url, logLevel: values.level, logFile: join(scratch.path, 'proxy.log'), cwd: scratch.path, core: pin.sut,
       nodeArgs, env, build, ...(cgroup === undefined ? {} : { cgroup: cgroup.dir }),
     })
@@ -143,6 +153,7 @@ async function main (): Promise<void> {
       minutes,
       connections,
       limitMiB: limitMiB ?? null,
+      binary: fresh === undefined ? 'warm' : 'fresh',
       cgroupVersion: cgroup?.version ?? null,
       heapLimitMiB,
       proxyAliveAtEnd: alive,
@@ -173,7 +184,7 @@ async function main (): Promise<void> {
       `# soak: ${connections} connections, ${minutes} min, ${limitMiB === undefined ? 'no memory limit' : `memory cgroup v${cgroup?.version} limit ${limitMiB} MiB`} (${started.toISOString()}${result.commit === undefined ? '' : `, commit ${result.commit}`})`,
       `machine: ${m.cpuModel}, ${m.cores} cores, Node ${m.node}; load average ${result.loadAverage.start} at the start, ${result.loadAverage.end} at the end`,
       `proxy: ${build.description}${nodeArgs.length > 0 ? `; added Node flags ${nodeArgs.join(' ')}` : ''}${Object.keys(env).length > 0 ? `; added environment ${Object.entries(env).map(([k, v]) => `${k}=${v}`).join(' ')}` : ''}`,
-      `V8 heap limit: ${fixed(heapLimitMiB, 0)} MiB`,
+      `V8 heap limit: ${fixed(heapLimitMiB, 0)} MiB; binary: ${fresh === undefined ? 'as it is (page cache warm)' : 'a fresh copy (not in the page cache at the start)'}`,
       '',
       table(['figure', 'value'], [
         ['requests (req/s)', `${r.requests} (${fixed(r.rps, 0)})`],

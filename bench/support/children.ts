@@ -36,10 +36,12 @@ export interface SpawnOptions {
    * byte it ever allocates is charged there (bench/soak.ts).
    */
   readonly cgroup?: string
+  /** Another Node binary for this process only (a fresh copy, bench/support/fresh-binary.ts); default nodePath(). */
+  readonly node?: string
 }
 
 export function spawnNode (name: string, script: string, args: readonly string[], opts: SpawnOptions = {}): Child {
-  return spawnProgram(name, nodePath(), [...(opts.nodeArgs ?? []), script, ...args], opts)
+  return spawnProgram(name, opts.node ?? nodePath(), [...(opts.nodeArgs ?? []), script, ...args], opts)
 }
 
 /** Any executable (e.g. the Go signer), registered and pinned as spawnNode's children are. */

@@ -68,6 +68,8 @@ export interface ProxyStart {
   readonly env?: Readonly<Record<string, string>>
   /** A cgroup directory the proxy runs in (see SpawnOptions.cgroup). */
   readonly cgroup?: string
+  /** The proxy's own Node binary (e.g. a fresh copy); the compile cache is still warmed with nodePath(). */
+  readonly node?: string
 }
 
 /** This checkout's proxy as its image runs it (read once). */
@@ -155,6 +157,7 @@ export async function startProxy (s: ProxyStart): Promise<Server> {
       stdout: pipe,
       ...(s.core === undefined ? {} : { core: s.core }),
       ...(s.cgroup === undefined ? {} : { cgroup: s.cgroup }),
+      ...(s.node === undefined ? {} : { node: s.node }),
       nodeArgs: [...build.nodeArgs, ...(s.nodeArgs ?? [])],
     })
   } finally {
