@@ -125,11 +125,18 @@ export function closeWithConnection (res: ServerResponse): void {
   }
   queued.push(res)
   const server = (socket as { server?: CountingServer }).server
-  if (server !== undefined) {
-    server[PIPELINED] = (server[PIPELINED] ?? 0) + 1
-    // Every response closes: written, destroyed with its connection, or closed by closeQueued.
-    res.once('close', () => { server[PIPELINED] = (server[PIPELINED] ?? 1) - 1 })
-  }
+  if (server !== undefined) server[PIPELINED] = (server[PIPELINED] ?? 0) + 1
+  // Every response closes: written, destroyed with its connection, or closed by closeQueued.
+  res.once('close', () => {
+    if (server !== undefined) server[PIPELINED] = (server[PIPELINED] ?? 1) - 1
+    // Not kept once closed: a response holds its request, its upstream exchange and its
+    // answer's buffers, and an idle keep-alive connection would hold them until it closes.
+    const list = socket[QUEUED]
+    if (list !== undefined) {
+      const at = list.indexOf(res)
+      if (at >= 0) list.splice(at, 1)
+    }
+  })
 }
 
 /** How many requests wait behind another on the connections of `server` now. */
