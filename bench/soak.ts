@@ -1,4 +1,5 @@
 // npm run bench:soak -- [--limit 192] [--minutes 10] [--connections 256] [--node <path>] [--node-args="<flags>"] [--env NAME=value …]
+//                       [--burst-connections 1024] [--burst-minutes 1] [--attack-seconds 20]
 //                       [--no-limit] [--warm-binary] [--level info] [--out <name>]
 //
 // The proxy under a real memory limit, as the kubelet sets one: a Linux
@@ -9,7 +10,10 @@
 // Node flags and environment, bench/image.ts), then driven with
 // `--connections` keep-alive connections by autocannon for `--minutes`
 // against the benchmark's upstream (both outside the cgroup, on the other
-// core). Needs root (or a writable cgroup tree) and Linux.
+// core); then `--burst-connections` for `--burst-minutes`; then, for
+// `--attack-seconds`, every attack on what one connection may cost at once
+// (bench/support/attack-phase.ts) with /healthz probed once a second (0 skips
+// a phase). Needs root (or a writable cgroup tree) and Linux.
 //
 // Reports, and writes to bench/results/<time>-soak.json: the cgroup's peak
 // usage (v1 memory.max_usage_in_bytes / v2 memory.peak), its failcnt (v1:
@@ -34,6 +38,7 @@ import { execFileSync } from 'node:child_process'
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs'
 import { chartLimitMiB, createCgroup } from './cgroup.js'
 import { freshBinary } from './support/fresh-binary.js'
+import { attackPhase } from './support/attack-phase.js'
 import { isAbsolute, join } from 'node:path'
 import { parseArgs } from 'node:util'
 import { fixed, table } from './format.js'
@@ -50,6 +55,9 @@ const { values } = parseArgs({
     'warm-binary': { type: 'boolean', default: false },
     minutes: { type: 'string', default: '10' },
     connections: { type: 'string', default: '256' },
+    'burst-connections': { type: 'string', default: '1024' },
+    'burst-minutes': { type: 'string', default: '1' },
+    'attack-seconds': { type: 'string', default: '20' },
     level: { type: 'string', default: 'info' },
     node: { type: 'string' },
     'node-args': { type: 'string' },
@@ -65,12 +73,16 @@ if (values.help) {
 useNode(values.node)
 const minutes = Number(values.minutes)
 const connections = Number(values.connections)
+const burst = { connections: Number(values['burst-connections']), minutes: Number(values['burst-minutes']) }
+const attackSeconds = Number(values['attack-seconds'])
 if (!(minutes > 0) || !(connections > 0)) throw new Error('--minutes and --connections must be positive numbers')
+if (!(burst.minutes >= 0) || !(burst.connections > 0) || !(attackSeconds >= 0)) throw new Error('--burst-minutes and --attack-seconds must be numbers >= 0, --burst-connections > 0')
 const progress = (s: string): void => { process.stderr.write(s + '\n') }
 const MiB = 1024 * 1024
 const read = (file: string): string => readFileSync(file, 'utf8')
 
-interface Sample { readonly s: number, readonly usageMB: number, readonly workingSetMB: number, readonly rssMB: number, readonly anonMB: number }
+type Phase = 'soak' | 'burst' | 'attacks'
+interface Sample { readonly s: number, readonly phase: Phase, readonly usageMB: number, readonly workingSetMB: number, readonly rssMB: number, readonly anonMB: number }
 
 async function main (): Promise<void> {
   installCleanup()
@@ -115,11 +127,12 @@ async function main (): Promise<void> {
     const t0 = performance.now()
     let lastReport = 0
     let alive = true
+    let phase: Phase = 'soak'
     const timer = setInterval(() => {
       const s = (performance.now() - t0) / 1000
       try {
         const usage = cgroup?.usage() ?? Number.NaN
-        const sample = { s, usageMB: usage / 1e6, workingSetMB: (usage - (cgroup?.inactiveFile() ?? 0)) / 1e6, rssMB: vmMB(pid, 'VmRSS'), anonMB: vmMB(pid, 'RssAnon') }
+        const sample = { s, phase, usageMB: usage / 1e6, workingSetMB: (usage - (cgroup?.inactiveFile() ?? 0)) / 1e6, rssMB: vmMB(pid, 'VmRSS'), anonMB: vmMB(pid, 'RssAnon') }
         samples.push(sample)
         if (s - lastReport >= 30) {
           lastReport = s
@@ -130,14 +143,28 @@ async function main (): Promise<void> {
       }
     }, 1000)
     const cpu0 = cpuTicks(pid)
-    let r
+    let r, burstRun, attacks
+    let cpuSoak = Number.NaN
     try {
       r = await runLoad({ url: proxy.url + SMALL_PATH, connections, duration: minutes * 60 })
+      cpuSoak = existsSync(`/proc/${pid}`) ? cpuTicks(pid) : Number.NaN
+      if (burst.minutes > 0) {
+        phase = 'burst'
+        progress(`  burst: ${burst.connections} connections for ${burst.minutes} min`)
+        burstRun = await runLoad({ url: proxy.url + SMALL_PATH, connections: burst.connections, duration: burst.minutes * 60 })
+      }
+      if (attackSeconds > 0) {
+        phase = 'attacks'
+        progress(`  attacks for ${attackSeconds} s, /healthz probed once a second`)
+        attacks = await attackPhase(Number(new URL(proxy.url).port), proxy.adminPort ?? 0, attackSeconds)
+      }
     } finally {
       clearInterval(timer)
     }
     alive &&= existsSync(`/proc/${pid}`) && proxy.child.exitCode === undefined
-    const cpuMsPer1k = alive ? (cpuTicks(pid) - cpu0) * 1000 / m.clockTicks / r.requests * 1000 : Number.NaN
+    const cpuMsPer1k = (cpuSoak - cpu0) * 1000 / m.clockTicks / r.requests * 1000
+    const phaseMax = (p: Phase, f: (x: Sample) => number): number => Math.max(...samples.filter(x => x.phase === p).map(f))
+    const healthy = attacks === undefined ? undefined : attacks.probes.filter(x => x === 200).length
     const peakRssMB = alive ? vmMB(pid, 'VmHWM') : Number.NaN
     const result = {
       schema: 1,
@@ -167,14 +194,18 @@ async function main (): Promise<void> {
       rps: r.rps,
       cpuMsPer1k,
       non2xx: r.non2xx,
+      burst: burstRun === undefined ? null : { ...burst, requests: burstRun.requests, non2xx: burstRun.non2xx, errors: burstRun.errors, latencyMs: burstRun.latency },
+      attacks: attacks ?? null,
+      maxWorkingSetMBByPhase: Object.fromEntries((['soak', 'burst', 'attacks'] as const).map(p => [p, phaseMax(p, x => x.workingSetMB)])),
+      maxUsageMBByPhase: Object.fromEntries((['soak', 'burst', 'attacks'] as const).map(p => [p, phaseMax(p, x => x.usageMB)])),
       errors: r.errors,
       latencyMs: r.latency,
-      samples: samples.map(x => [Math.round(x.s), +x.rssMB.toFixed(1), +x.usageMB.toFixed(1), +x.workingSetMB.toFixed(1)]),
+      samples: samples.map(x => [Math.round(x.s), x.phase, +x.rssMB.toFixed(1), +x.usageMB.toFixed(1), +x.workingSetMB.toFixed(1)]),
     }
     /** The largest RSS sampled in each quarter of the run: a leak climbs from quarter to quarter, a saw-tooth does not. */
     const quarter = (q: number): number => {
       const T = minutes * 60
-      const xs = samples.filter(x => x.s >= q * T && x.s < (q + 0.25) * T).map(x => x.rssMB)
+      const xs = samples.filter(x => x.phase === 'soak' && x.s >= q * T && x.s < (q + 0.25) * T).map(x => x.rssMB)
       return xs.length === 0 ? Number.NaN : Math.max(...xs)
     }
     await stopChild(proxy.child)
@@ -201,7 +232,10 @@ async function main (): Promise<void> {
               [cgroup.version === 1 ? 'memory.failcnt' : 'memory.events max', String(result.failcnt)],
               ['OOM kills', String(result.oomKills)],
             ]),
-        ['max RSS per quarter of the run, MB', [0, 0.25, 0.5, 0.75].map(q => fixed(quarter(q), 1)).join(' / ')],
+        ['max RSS per quarter of the soak, MB', [0, 0.25, 0.5, 0.75].map(q => fixed(quarter(q), 1)).join(' / ')],
+        ...(burstRun === undefined ? [] : [[`burst, ${burst.connections} connections ${burst.minutes} min: requests / non-2xx + errors / p99 ms`, `${burstRun.requests} / ${burstRun.non2xx + burstRun.errors} / ${fixed(burstRun.latency.p99)}`]]),
+        ...(attacks === undefined ? [] : [[`attacks, ${fixed(attacks.seconds, 0)} s: /healthz answered 200`, `${healthy ?? 0} of ${attacks.probes.length} (${attacks.trickled} trickling connections opened)`]]),
+        ...(cgroup === undefined ? [] : [['max working set, MB: soak / burst / attacks', (['soak', 'burst', 'attacks'] as const).map(p => fixed(phaseMax(p, x => x.workingSetMB), 1)).join(' / ')]]),
       ]),
     ].join('\n') + '\n')
     const dir = join(BENCH_DIR, 'results')
@@ -210,7 +244,8 @@ async function main (): Promise<void> {
     const file = isAbsolute(name) ? name : join(dir, name)
     writeFileSync(file, JSON.stringify(result, null, 2) + '\n')
     progress(`results: ${isAbsolute(name) ? name : `bench/results/${name}`}`)
-    if (!alive || (result.oomKills ?? 0) > 0 || r.non2xx + r.errors > 0) process.exitCode = 1
+    const burstFailed = burstRun === undefined ? 0 : burstRun.non2xx + burstRun.errors
+    if (!alive || (result.oomKills ?? 0) > 0 || r.non2xx + r.errors + burstFailed > 0 || (attacks !== undefined && healthy !== attacks.probes.length)) process.exitCode = 1
   } finally {
     await stopAll()
     removeCgroup()

@@ -51,6 +51,8 @@ export interface Server {
   readonly readyCpuMs?: number
   /** The process that reads the server's stdout into logFile (it exits once the server has). */
   readonly logReader?: Child
+  /** The proxy's admin port. */
+  readonly adminPort?: number
 }
 
 export interface ProxyStart {
@@ -168,7 +170,7 @@ export async function startProxy (s: ProxyStart): Promise<Server> {
   const readyMs = performance.now() - t0
   const readyCpuMs = cpuMs(child.pid)
   await waitFor200(child, url + '/ready') // the whole path, upstream included
-  return { child, url, logFile: s.logFile, readyMs, readyCpuMs, logReader }
+  return { child, url, logFile: s.logFile, readyMs, readyCpuMs, logReader, adminPort }
 }
 
 export async function startFloor (upstreamUrl: string, core: number | undefined, nodeArgs?: readonly string[], extraEnv?: Readonly<Record<string, string>>): Promise<Server> {
