@@ -2,6 +2,7 @@
 // (no node_modules beside it), and started by `npm start` exactly as the
 // image starts it.
 import { execFile } from 'node:child_process'
+import * as http from 'node:http'
 import { copyFileSync, mkdtempSync, readFileSync, rmSync, statSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join, posix } from 'node:path'
@@ -45,6 +46,32 @@ t.test('the bundle serves on its own, without node_modules: dotted names forward
     t.equal(errorOf(res.finals[0])?.message, 'dot-segment in path', `${target}: refused by the guard`)
   }
   t.equal(up.received.length, DOTTED_NAMES.length, 'no dot-segment forwarded')
+})
+
+const HTTP_LOADS_UNDICI = 'WebSocket' in http
+t.test('serve does not load Node\'s internal undici (an ES import of node:http would, for its WebSocket getters: ~2 MB of idle memory)', {
+  skip: HTTP_LOADS_UNDICI ? false : `Node ${process.version}'s node:http has no WebSocket export, so nothing can load undici through it (22 and 24, the supported lines, have one)`,
+}, async t => {
+  const probe = 'setInterval(() => { if (process.moduleLoadList.some(m => m.includes("http2"))) process._rawDebug("INTERNAL_UNDICI " + process.moduleLoadList.some(m => m.includes("internal/deps/undici"))) }, 200).unref()'
+  const child = spawnNode(['--import', `data:text/javascript,${encodeURIComponent(probe)}`, CLI, 'serve'], {
+    env: { PATH: process.env.PATH, COS_ACCESS_KEY: ACCESS_KEY, COS_ACCESS_KEY_SECRET: SECRET, COS_API_URL: 'http://127.0.0.1:1', COS_LISTEN_PORT: '0', COS_ADMIN_PORT: '0' },
+  })
+  let out = ''
+  const seen = new Promise<string>(resolve => {
+    const onData = (d: Buffer): void => {
+      out += d.toString()
+      // Once it listens: everything serve loads at start has been loaded.
+      const m = /listening[\s\S]*INTERNAL_UNDICI (true|false)/.exec(out)
+      if (m?.[1] !== undefined) resolve(m[1])
+    }
+    child.stdout.on('data', onData)
+    child.stderr.on('data', onData)
+  })
+  const timer = setTimeout(() => child.kill('SIGKILL'), 10_000)
+  const loadedInternal = await Promise.race([seen, new Promise<string>(resolve => child.on('close', () => { resolve('exited') }))])
+  clearTimeout(timer)
+  child.kill('SIGKILL')
+  t.equal(loadedInternal, 'false', `node's internal undici is not loaded (${out.slice(0, 160)})`)
 })
 
 t.test('the classes whose names reach the logs keep them in the bundle (identifiers are not minified, and none of these is renamed)', async t => {
