@@ -163,7 +163,10 @@ async function main (): Promise<void> {
     }
     alive &&= existsSync(`/proc/${pid}`) && proxy.child.exitCode === undefined
     const cpuMsPer1k = (cpuSoak - cpu0) * 1000 / m.clockTicks / r.requests * 1000
-    const phaseMax = (p: Phase, f: (x: Sample) => number): number => Math.max(...samples.filter(x => x.phase === p).map(f))
+    const phaseMax = (p: Phase, f: (x: Sample) => number): number => {
+      const xs = samples.filter(x => x.phase === p).map(f)
+      return xs.length === 0 ? Number.NaN : Math.max(...xs) // NaN: a phase not run
+    }
     const healthy = attacks === undefined ? undefined : attacks.probes.filter(x => x === 200).length
     const peakRssMB = alive ? vmMB(pid, 'VmHWM') : Number.NaN
     const result = {
