@@ -184,6 +184,20 @@ t.test('the image\'s heap cannot outgrow the chart\'s memory limit: V8 collects 
   }
 })
 
+t.test('the heap flags and the chart\'s memory are said the same in the Dockerfile, the chart and docs/performance.md', async t => {
+  const image = imageCommand(readFileSync(join(ROOT, 'Dockerfile'), 'utf8'))
+  const doc = readFileSync(join(ROOT, 'docs', 'performance.md'), 'utf8')
+  const from = doc.indexOf('## Settings that move together')
+  const settings = doc.slice(from, doc.indexOf('\n## ', from + 1))
+  t.ok(from >= 0 && settings.length > 0, 'docs/performance.md has its settings section')
+  for (const flag of image.argv.slice(1, scriptIndex(image.argv))) t.ok(settings.includes(`\`${flag}\``), `it names the ENTRYPOINT's ${flag}`)
+  t.ok(settings.includes(`\`NODE_OPTIONS=${image.env.NODE_OPTIONS ?? ''}\``), `and the image's NODE_OPTIONS=${image.env.NODE_OPTIONS ?? ''}`)
+  const values = readFileSync(join(ROOT, 'helm', 'cos-auth-proxy', 'values.yaml'), 'utf8')
+  const request = /^resources:\n(?:[ #].*\n)*?\s+requests:\n(?:\s+\w+:.*\n)*?\s+memory:\s*"?(\d+Mi)"?/m.exec(values)?.[1]
+  t.ok(request !== undefined && settings.includes(`Request ${request}`), `the chart's request (${request ?? '?'})`)
+  t.ok(settings.includes(`limit ${chartMemoryLimitMiB()}Mi`), `the chart's limit (${chartMemoryLimitMiB()}Mi)`)
+})
+
 t.test('the benchmark runs what the image runs: the bundle, the Dockerfile\'s Node flags and environment, never dist/cli.js', async t => {
   const image = imageCommand(readFileSync(join(ROOT, 'Dockerfile'), 'utf8'))
   const build = imageBuild(ROOT)
