@@ -81,6 +81,11 @@ export function checks (small: readonly Summary[], big: readonly Summary[], rate
   atMost(`added p99 at ${settings.rate} req/s (paced), proxy ≤ floor`, pacedAdded('proxy') - pacedAdded('floor'), 0, 'ms over the floor')
   const s = soaks.find(x => x.target === 'proxy')
   atMost(`proxy RSS growth from request ${settings.soakCheckpoint.toLocaleString('en-US')} to ${settings.soakRequests.toLocaleString('en-US')}`, s?.growthMB ?? Number.NaN, 10, 'MB')
+  // Issue 35: the price per request against the Go standard-library signer in the same run.
+  const of = (t: Target, c: number, f: (x: Summary) => number): number => { const x = find(small, 'small', t, c); return x === undefined ? Number.NaN : f(x) }
+  for (const c of settings.connections) atMost(`proxy / Go signer CPU ms per 1,000 requests, ${c} conns`, of('proxy', c, x => x.cpuMsPer1k) / of('go', c, x => x.cpuMsPer1k), 1, '×')
+  atMost('proxy / Go signer p99 at 256 conns (issue 35)', p99('proxy', 256) / p99('go', 256), 1, '×')
+  atMost('proxy / Go signer first request on a new connection at 256 conns, p50', of('proxy', 256, x => x.firstP50) / of('go', 256, x => x.firstP50), 2, '×')
   atLeast('1 MiB GET proxy / floor', rpsRatio(big, 'get-1mib', 'proxy', 'floor', settings.bigConnections), 0.95)
   atLeast('1 MiB POST proxy / floor', rpsRatio(big, 'post-1mib', 'proxy', 'floor', settings.bigConnections), 0.95)
   return out
@@ -153,7 +158,7 @@ export function report (ctx: Context, run: Run, measured: Measurements): void {
       '',
     ]),
     ...(minted === undefined ? [] : [`## Token minting (one core; other processes used ${fixed(minted.otherLoad, 2)} cores meanwhile)`, mintTable(minted), '']),
-    '## Targets (issues 6, 13, 21 and 29)',
+    '## Targets (issues 6, 13, 21, 29 and 35)',
     checkTable(checked),
     '',
     `section times: ${Object.entries(timings).map(([k, v]) => `${k} ${fixed(v, 0)} s`).join(', ')}`,

@@ -108,6 +108,7 @@ async function main (): Promise<number> {
     const r = up ? node(['down'], 300_000) : undefined
     if (r !== undefined) console.log(`${r.stdout}${r.stderr}`.trim())
     rmSync(work, { recursive: true, force: true })
+    sh('podman', ['rmi', '--ignore', APP_IMAGE]) // built here from IMAGE; IMAGE is the caller's
     return r
   }
   for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP'] as const) {
