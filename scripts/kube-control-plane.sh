@@ -28,6 +28,8 @@
 #   COS_KUBE_NICE      nice level of the build (default 19)
 #   COS_KUBE_BUILD_JOBS  go build -p (default 2)
 set -euo pipefail
+# shellcheck source=scripts/kubeconfig.sh
+. "$(dirname "${BASH_SOURCE[0]}")/kubeconfig.sh"
 
 CACHE=${COS_KUBE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/cos-auth-proxy-kube}
 K8S_VERSION=${COS_KUBE_VERSION:-v1.37.2}
@@ -146,24 +148,7 @@ pki() {
 }
 
 kubeconfig() { # dir user
-  cat >"$1/$2.kubeconfig" <<KC
-apiVersion: v1
-kind: Config
-clusters:
-- name: cos-test
-  cluster:
-    server: https://127.0.0.1:$PORT
-    certificate-authority: $1/pki/ca.crt
-users:
-- name: $2
-  user:
-    client-certificate: $1/pki/$2.crt
-    client-key: $1/pki/$2.key
-contexts:
-- name: cos-test
-  context: {cluster: cos-test, user: $2}
-current-context: cos-test
-KC
+  write_kubeconfig "$1/$2.kubeconfig" cos-test "https://127.0.0.1:$PORT" "$1/pki/ca.crt" "$2" "$1/pki/$2.crt" "$1/pki/$2.key"
 }
 
 # ---------------------------------------------------------------- start / stop

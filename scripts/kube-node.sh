@@ -53,6 +53,8 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=scripts/kubeconfig.sh
+. "$ROOT/scripts/kubeconfig.sh"
 CP_SCRIPT=$ROOT/scripts/kube-control-plane.sh
 CACHE=${COS_KUBE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/cos-auth-proxy-kube}
 K8S_VERSION=${COS_KUBE_VERSION:-v1.37.2}
@@ -309,25 +311,8 @@ sign_client() { # dir file CN O
   )
 }
 
-write_kubeconfig() { # dir name
-  cat >"$1/$2.kubeconfig" <<KC
-apiVersion: v1
-kind: Config
-clusters:
-- name: cos-kube-node
-  cluster:
-    server: https://127.0.0.1:$API_PORT
-    certificate-authority: $1/cp/pki/ca.crt
-users:
-- name: $2
-  user:
-    client-certificate: $1/pki/$2.crt
-    client-key: $1/pki/$2.key
-contexts:
-- name: cos-kube-node
-  context: {cluster: cos-kube-node, user: $2}
-current-context: cos-kube-node
-KC
+node_kubeconfig() { # dir name
+  write_kubeconfig "$1/$2.kubeconfig" cos-kube-node "https://127.0.0.1:$API_PORT" "$1/cp/pki/ca.crt" "$2" "$1/pki/$2.crt" "$1/pki/$2.key"
 }
 
 node_pki() { # dir
@@ -346,7 +331,7 @@ node_pki() { # dir
       -days 2 -extfile kubelet-serving.ext -out kubelet-serving.crt 2>/dev/null
   )
   local n
-  for n in kubelet kube-scheduler kube-proxy; do write_kubeconfig "$dir" "$n"; done
+  for n in kubelet kube-scheduler kube-proxy; do node_kubeconfig "$dir" "$n"; done
 }
 
 write_containerd_config() { # dir

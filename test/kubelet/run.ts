@@ -23,7 +23,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { randomBytes } from 'node:crypto'
 import { createInterface } from 'node:readline'
-import { ok, section, summary } from '../kubernetes/report.js'
+import { ok, section, skipRunner, stopOnInterruption, summary } from '../kubernetes/report.js'
 import { curlStatus, kubectl, NETNS, node, NODE_IP, ROOT, seconds, sh, until, type Context, type Pair, type Run, type Upstream } from './cluster.js'
 import { injectorAndLooper, jobCompletes, memoryLimit, rotation, termination } from './injection.js'
 import { parentChart } from './parent-chart.js'
@@ -36,11 +36,7 @@ const IMAGE = process.env.COS_KUBELET_IMAGE ?? 'localhost/cos-auth-proxy:kubelet
 const APP_IMAGE = 'localhost/cos-kube-app:1'
 const HELM = process.env.HELM ?? 'helm'
 
-function skipped (why: string, how: string): never {
-  console.log(`kubelet: SKIPPED: ${why}\n${how}`)
-  console.log('0 passed, 0 failed, 1 skipped')
-  process.exit(2)
-}
+const skipped = (why: string, how: string): never => skipRunner('kubelet', why, how)
 
 /** Brings the node down (once); set by main when the node is up. */
 let stopNode: () => void = () => {}
@@ -111,22 +107,8 @@ async function main (): Promise<number> {
     sh('podman', ['rmi', '--ignore', APP_IMAGE]) // built here from IMAGE; IMAGE is the caller's
     return r
   }
-  for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP'] as const) {
-    process.on(signal, () => {
-      console.log(`kubelet: ${signal}: bringing the node down`)
-      stop()
-      console.log(`${summary().passed} passed, ${summary().failed + 1} failed`)
-      process.exit(130)
-    })
-  }
   stopNode = () => { stop() }
-  process.on('exit', () => { stop() })
-  const limit = Number(process.env.COS_KUBELET_TIMEOUT_S ?? '1500')
-  setTimeout(() => {
-    console.log(`kubelet: the whole run took over ${limit} s: stopping`)
-    console.log(`${summary().passed} passed, ${summary().failed + 1} failed`)
-    process.exit(1)
-  }, limit * 1000).unref()
+  stopOnInterruption('kubelet', Number(process.env.COS_KUBELET_TIMEOUT_S ?? '1500'), stopNode)
 
   // The app (test/kubelet/app.mjs) in an image FROM the project's (it has node).
   const t0 = Date.now()

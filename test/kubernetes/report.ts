@@ -61,3 +61,28 @@ export function contains (actual: unknown, expected: unknown, path = ''): string
   }
   return actual === expected ? [] : [`${path}: ${JSON.stringify(actual)}, expected ${JSON.stringify(expected)}`]
 }
+
+/** A runner that cannot run here: says why and how to get what it lacks, and exits 2 (never green by accident). */
+export function skipRunner (runner: string, why: string, how: string): never {
+  console.log(`${runner}: SKIPPED: ${why}\n${how}`)
+  console.log('0 passed, 0 failed, 1 skipped')
+  process.exit(2)
+}
+
+/**
+ * How a runner ends when it is not let finish: on SIGINT, SIGTERM or SIGHUP
+ * (exit 130), past `seconds` (exit 1) or at any exit, `stop` runs first
+ * (it must be idempotent); the first two end with the closing line, one
+ * failure more.
+ */
+export function stopOnInterruption (runner: string, seconds: number, stop: () => void): void {
+  const end = (why: string, code: number): never => {
+    console.log(`${runner}: ${why}: stopping`)
+    stop()
+    console.log(`${passed} passed, ${failed + 1} failed`)
+    process.exit(code)
+  }
+  for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP'] as const) process.on(signal, () => end(signal, 130))
+  process.on('exit', () => { stop() })
+  setTimeout(() => end(`the whole run took over ${seconds} s`, 1), seconds * 1000).unref()
+}

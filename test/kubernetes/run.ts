@@ -15,7 +15,7 @@ import { Helm } from './helm.js'
 import { injection } from './injection.js'
 import { installs } from './installs.js'
 import { Cluster, controlPlane, killChildren, parseExports, run, SCRIPT, setScratchBase, str } from './kube.js'
-import { section, summary } from './report.js'
+import { section, skipRunner, stopOnInterruption, summary } from './report.js'
 import { CLI } from './webhook.js'
 
 /** A free port on 127.0.0.1 (with `pair`, one whose next port is free too: etcd's peer port). */
@@ -37,11 +37,7 @@ async function freePort (pair = false): Promise<number> {
   throw new Error('no free port on 127.0.0.1')
 }
 
-function skipped (why: string, how: string): never {
-  console.log(`kubernetes: SKIPPED: ${why}\n${how}`)
-  console.log('0 passed, 0 failed, 1 skipped')
-  process.exit(2)
-}
+const skipped = (why: string, how: string): never => skipRunner('kubernetes', why, how)
 
 async function main (): Promise<number> {
   if (controlPlane('built').code !== 0) {
@@ -68,22 +64,7 @@ async function main (): Promise<number> {
     if (r.stderr.trim() !== '') console.log(r.stderr.trim())
     rmSync(runDir, { recursive: true, force: true })
   }
-  for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP'] as const) {
-    process.on(signal, () => {
-      console.log(`kubernetes: ${signal}: stopping the control plane`)
-      stop()
-      console.log(`${summary().passed} passed, ${summary().failed + 1} failed`)
-      process.exit(130)
-    })
-  }
-  process.on('exit', stop)
-  const limit = Number(process.env.COS_KUBE_TIMEOUT_S ?? '1200')
-  const timer = setTimeout(() => {
-    console.log(`kubernetes: the whole run took over ${limit} s: stopping`)
-    console.log(`${summary().passed} passed, ${summary().failed + 1} failed`)
-    process.exit(1)
-  }, limit * 1000)
-  timer.unref()
+  stopOnInterruption('kubernetes', Number(process.env.COS_KUBE_TIMEOUT_S ?? '1200'), stop)
 
   const t0 = Date.now()
   const started = controlPlane('start', env)
