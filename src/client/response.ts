@@ -4,8 +4,9 @@ import { createRequire } from 'node:module'
 
 // Required, not imported: an ES import of node:http reads every one of its
 // exports, and three of them (WebSocket, CloseEvent, MessageEvent) load
-// Node's own copy of undici, which the proxy never uses: ~7 MB of RSS at idle
-// ("serve does not load Node's internal undici", test/bundle.test.ts).
+// Node's own copy of undici, which the proxy never uses: 2 MB of idle RssAnon,
+// 2.8 MB of RSS on Node 24 (docs/performance.md; "serve does not load Node's
+// internal undici", test/bundle.test.ts).
 const { ServerResponse } = createRequire(import.meta.url)('node:http') as typeof import('node:http')
 
 type HeadFields = OutgoingHttpHeaders | OutgoingHttpHeader[]
