@@ -167,12 +167,16 @@ t.test('the image\'s heap cannot outgrow the chart\'s memory limit: V8 collects 
   const oldSpace = fixed !== null ? Number(fixed[1]) : limit * Number(percentage?.[1]) / 100
   const semi = /^--max-semi-space-size=(\d+)$/.exec(image.argv.find(a => a.startsWith('--max-semi-space-size=')) ?? '')
   t.ok(semi, 'the young generation is capped (ENTRYPOINT)')
-  // V8's heap limit is old space + 3 semi-spaces; ~100 MiB is the rest of the
-  // process (the binary's pages, code, buffers, malloc), measured idle at ~83 MB RSS.
+  // V8's heap limit is old space + 3 semi-spaces. The rest of the process (code,
+  // buffers, malloc) is ~30 MB of anonymous memory; the binary's ~50 MB of file
+  // pages are reclaimable. Issue 35: the bound is the container's limit, the heap
+  // limit a tuning knob chosen by a soak at the chart's limit (docs/performance.md
+  // quotes it, checked below); what must hold is the heap limit plus the anonymous rest below the limit.
   const heapLimit = oldSpace + 3 * Number(semi?.[1])
-  t.ok(heapLimit + 100 <= limit, `heap limit ${heapLimit} MiB + 100 MiB fits the chart's ${limit}Mi`)
+  const REST_ANON_MIB = 30
+  t.ok(heapLimit + REST_ANON_MIB <= limit, `heap limit ${heapLimit} MiB + ${REST_ANON_MIB} MiB of the process's other anonymous memory fits the chart's ${limit}Mi`)
   // V8's floor without the option: 256 MiB of old space below 1 GiB, which would not fit.
-  t.ok(256 + 3 * Number(semi?.[1]) + 100 > limit, 'without it, V8\'s 256 MiB floor would not fit (the option is what makes it fit)')
+  t.ok(256 + 3 * Number(semi?.[1]) > limit, 'without it, V8\'s 256 MiB floor would not fit (the option is what makes it fit)')
   const major = Number(process.versions.node.split('.')[0])
   if (fixed !== null || major >= 24) {
     // What Node makes of the image's flags and NODE_OPTIONS (the percentage needs Node >= 24; CI runs this suite again on 24).
@@ -196,6 +200,10 @@ t.test('the heap flags and the chart\'s memory are said the same in the Dockerfi
   const request = /^resources:\n(?:[ #].*\n)*?\s+requests:\n(?:\s+\w+:.*\n)*?\s+memory:\s*"?(\d+Mi)"?/m.exec(values)?.[1]
   t.ok(request !== undefined && settings.includes(`Request ${request}`), `the chart's request (${request ?? '?'})`)
   t.ok(settings.includes(`limit ${chartMemoryLimitMiB()}Mi`), `the chart's limit (${chartMemoryLimitMiB()}Mi)`)
+  // The soak that chose them ran at that limit (decision 3 of issue 35): its table is in the first section.
+  const today = doc.slice(0, doc.indexOf('\n## ', doc.indexOf('## Today')))
+  t.match(today, new RegExp(`\\| ${chartMemoryLimitMiB()}Mi, fresh binary`), `today's figures include the soak in a ${chartMemoryLimitMiB()}Mi cgroup`)
+  t.match(today, /no OOM\s+kill/, 'and it had no OOM kill')
 })
 
 t.test('the benchmark runs what the image runs: the bundle, the Dockerfile\'s Node flags and environment, never dist/cli.js', async t => {

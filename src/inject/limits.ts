@@ -2,7 +2,7 @@
 // (issue 33): its one client, the API server, keeps a handful of keep-alive
 // connections and sends each AdmissionReview in well under a second. Without
 // these, 60 connections each holding all but the last bytes of a 3 MiB body
-// took the webhook past its pod's 192Mi limit.
+// took the webhook past its pod's limit (then 192Mi).
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import { createServer, type Server as HttpsServer, type ServerOptions } from 'node:https'
 import type { Socket } from 'node:net'

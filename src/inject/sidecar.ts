@@ -41,8 +41,8 @@ export const SIDECAR = {
   credentialsDefaultMode: 0o444,
   proxyPort: 8080,
   adminPort: 9090,
-  requests: { cpu: '50m', memory: '96Mi' },
-  limits: { cpu: '1', memory: '192Mi' },
+  requests: { cpu: '50m', memory: '64Mi' },
+  limits: { cpu: '1', memory: '128Mi' },
   runAsUser: 65532,
   runAsGroup: 65532,
   probes: {

@@ -139,7 +139,7 @@ t.test('the annotations set secret, variable, port, methods and resources', asyn
   t.equal(env.find(e => e.name === 'COS_MANAGEMENT_ALLOWED_METHODS')?.value, 'GET,HEAD')
   t.equal(env.find(e => e.name === 'COS_OPTIMIZE_ALLOWED_METHODS')?.value, 'GET,HEAD')
   t.equal(env.find(e => e.name === 'COS_API_ALLOWED_METHODS'), undefined, 'no list for a route that is not configured (the proxy would exit 78)')
-  t.same(sidecar.resources, { requests: { cpu: '2', memory: '64Mi' }, limits: { cpu: '2', memory: '192Mi' } }, 'a request above the default limit raises the limit')
+  t.same(sidecar.resources, { requests: { cpu: '2', memory: '64Mi' }, limits: { cpu: '2', memory: '128Mi' } }, 'a request above the default limit raises the limit')
 })
 
 t.test('a container with env: null gets the variable, not a crash', async t => {
