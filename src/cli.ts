@@ -25,7 +25,7 @@ commands:
   mock-api [--port N]         run a local stand-in for the COS APIs that verifies tokens
   demo                        run mock-api and the proxy with a throwaway key pair
   inject                      run the Kubernetes admission webhook that injects the sidecar (COS_INJECT_*)
-  inject --print              read a Pod (or workload) as JSON on stdin, print it as the webhook would inject it
+  inject --print              read a Pod, a workload or a List as JSON on stdin, print it as the webhook would inject it
 
   --version, -v               print "cos-auth-proxy <version>"
 

@@ -1,13 +1,16 @@
-// `cos-auth-proxy inject --print`: a Pod (or a workload with a pod template)
-// as JSON on stdin, the Pod as the webhook would let it be created on stdout,
-// through the same answerReview as /mutate. JSON only: the program carries
-// no YAML parser (`kubectl create --dry-run=client -o json` converts).
+// `cos-auth-proxy inject --print`: a Pod or a workload with a pod template
+// (Deployment, Job, …) as JSON on stdin, or several of them as a `List` (what
+// `kubectl create --dry-run=client -o json -f` makes of a multi-document
+// file) or a JSON array (`yq ea -o=json '[.]'`); on stdout the same, each pod
+// as the webhook would let it be created, through the same answerReview as
+// /mutate. Other kinds in a list pass unchanged. JSON only: a YAML parser
+// would be carried by every sidecar for the sake of this preview.
 import { answerReview, type InjectSettings, type PatchOperation } from './patch.js'
 
 type Json = Record<string, unknown>
 
 export interface Preview {
-  /** 0: printed (injected or, with a note, unchanged); 1: refused; 65: not a Pod in JSON. */
+  /** 0: printed (injected or, with a note, unchanged); 1: refused (nothing printed); 65: not JSON, or nothing the webhook can read. */
   readonly code: number
   readonly stdout: string
   readonly note: string
@@ -31,17 +34,25 @@ function applyAdds (doc: Json, ops: readonly PatchOperation[]): Json {
   return out
 }
 
-export function preview (input: string, settings: InjectSettings): Preview {
-  let object: unknown
-  try {
-    object = JSON.parse(input)
-  } catch (err) {
-    return { code: 65, stdout: '', note: `stdin must be a Pod in JSON (${(err as Error).message}); convert YAML with kubectl create --dry-run=client -o json -f pod.yaml` }
-  }
-  // A Deployment, Job, …: its pod template is what the webhook will see.
-  const spec = isObject(object) && isObject(object.spec) ? object.spec : undefined
-  const template = spec !== undefined && isObject(spec.template) ? spec.template : undefined
-  const pod = template === undefined ? object : { apiVersion: 'v1', kind: 'Pod', metadata: template.metadata ?? {}, spec: template.spec }
+const NOT_JSON = 'stdin must be JSON: a Pod, a workload, a List or an array of them. ' +
+  'From YAML: kubectl create --dry-run=client -o json -f FILE (kubectl asks a cluster what the kinds are), or yq ea -o=json \'[.]\' FILE'
+
+/** One object's outcome: the object to print, or why it cannot be. */
+type One = { readonly ok: true, readonly object: unknown, readonly note: string } | { readonly ok: false, readonly code: number, readonly note: string }
+
+/** The pod the webhook would see in an object: itself (a Pod), its pod template, or none (another kind). */
+function podOf (object: unknown): { pod: Json, template: boolean } | undefined {
+  if (!isObject(object)) return undefined
+  const spec = isObject(object.spec) ? object.spec : undefined
+  if (spec !== undefined && isObject(spec.template)) return { pod: { apiVersion: 'v1', kind: 'Pod', metadata: spec.template.metadata ?? {}, spec: spec.template.spec }, template: true }
+  if (object.kind === 'Pod' || (object.kind === undefined && spec !== undefined)) return { pod: object, template: false }
+  return undefined
+}
+
+function previewOne (object: unknown, settings: InjectSettings, label: string): One {
+  const found = podOf(object)
+  if (found === undefined) return { ok: true, object, note: `${label}not a Pod or a workload with a pod template: unchanged` }
+  const { pod, template } = found
   let answer
   try {
     answer = answerReview({
@@ -50,12 +61,41 @@ export function preview (input: string, settings: InjectSettings): Preview {
       request: { uid: 'preview', kind: { group: '', version: 'v1', kind: 'Pod' }, operation: 'CREATE', object: pod, dryRun: true },
     }, settings)
   } catch (err) {
-    return { code: 65, stdout: '', note: `stdin is not a Pod the webhook can read: ${(err as Error).message}` }
+    return { ok: false, code: 65, note: `${label}not a Pod the webhook can read: ${(err as Error).message}` }
   }
   const { outcome } = answer
-  if (outcome.kind === 'refused') return { code: 1, stdout: '', note: `refused: ${outcome.annotation}: ${outcome.message}` }
-  const patched = outcome.kind === 'injected' ? applyAdds(pod as Json, outcome.patch) : pod as Json
-  const result = template === undefined ? patched : { ...object as Json, spec: { ...spec, template: { metadata: patched.metadata, spec: patched.spec } } }
-  const note = outcome.kind === 'injected' ? `injected (${settings.version})` : `not injected: ${outcome.reason}`
-  return { code: 0, stdout: `${JSON.stringify(result, null, 2)}\n`, note }
+  if (outcome.kind === 'refused') return { ok: false, code: 1, note: `${label}refused: ${outcome.annotation}: ${outcome.message}` }
+  const patched = outcome.kind === 'injected' ? applyAdds(pod, outcome.patch) : pod
+  const spec = (object as Json).spec as Json
+  const result = template ? { ...object as Json, spec: { ...spec, template: { metadata: patched.metadata, spec: patched.spec } } } : patched
+  return { ok: true, object: result, note: label + (outcome.kind === 'injected' ? `injected (${settings.version})` : `not injected: ${outcome.reason}`) }
+}
+
+/** "Deployment/web: " for an item of a list. */
+function labelOf (item: unknown, index: number): string {
+  const meta = isObject(item) && isObject(item.metadata) ? item.metadata : {}
+  const kind = isObject(item) && typeof item.kind === 'string' ? item.kind : `item ${index}`
+  return `${kind}/${typeof meta.name === 'string' ? meta.name : typeof meta.generateName === 'string' ? `${meta.generateName}*` : `#${index}`}: `
+}
+
+export function preview (input: string, settings: InjectSettings): Preview {
+  let parsed: unknown
+  try {
+    parsed = JSON.parse(input)
+  } catch (err) {
+    return { code: 65, stdout: '', note: `${NOT_JSON} (${(err as Error).message})` }
+  }
+  const list = Array.isArray(parsed) ? parsed : isObject(parsed) && Array.isArray(parsed.items) ? parsed.items as unknown[] : undefined
+  if (list === undefined) {
+    if (!isObject(parsed)) return { code: 65, stdout: '', note: NOT_JSON }
+    const one = previewOne(parsed, settings, '')
+    return one.ok ? { code: 0, stdout: `${JSON.stringify(one.object, null, 2)}\n`, note: one.note } : { code: one.code, stdout: '', note: one.note }
+  }
+  const results = list.map((item, i) => previewOne(item, settings, labelOf(item, i)))
+  const notes = results.map(r => r.note).join('\ncos-auth-proxy: ')
+  const failed = results.find((r): r is Extract<One, { ok: false }> => !r.ok)
+  if (failed !== undefined) return { code: failed.code, stdout: '', note: notes }
+  const items = results.map(r => r.ok ? r.object : undefined)
+  const out = Array.isArray(parsed) ? items : { ...parsed as Json, items }
+  return { code: 0, stdout: `${JSON.stringify(out, null, 2)}\n`, note: notes }
 }

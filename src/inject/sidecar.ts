@@ -36,6 +36,10 @@ export interface TemplateFacts {
 export const SIDECAR = {
   containerName: 'cos-auth-proxy',
   credentialsVolume: 'cos-auth-proxy-credentials',
+  /** An empty directory over the ServiceAccount token's path: the API server mounts the app pod's token into
+   * every container without a mount there, and the proxy never calls the API server. */
+  noApiTokenVolume: 'cos-auth-proxy-no-api-token',
+  apiTokenMountPath: '/var/run/secrets/kubernetes.io/serviceaccount',
   credentialsMountPath: '/var/run/secrets/cos',
   // 0444: the pod's fsGroup is not known (the chart's sidecar mode does the same).
   credentialsDefaultMode: 0o444,
@@ -99,7 +103,10 @@ export function sidecarContainer (o: SidecarOptions): Record<string, unknown> {
       { name: 'COS_LOG_LEVEL', value: o.logLevel },
       ...o.extraEnv,
     ],
-    volumeMounts: [{ name: SIDECAR.credentialsVolume, mountPath: mount, readOnly: true }],
+    volumeMounts: [
+      { name: SIDECAR.credentialsVolume, mountPath: mount, readOnly: true },
+      { name: SIDECAR.noApiTokenVolume, mountPath: SIDECAR.apiTokenMountPath, readOnly: true },
+    ],
     startupProbe: probe('/readyz', o.adminPort, SIDECAR.probes.startup),
     readinessProbe: probe('/readyz', o.adminPort, SIDECAR.probes.readiness),
     livenessProbe: probe('/healthz', o.adminPort, SIDECAR.probes.liveness),
@@ -116,6 +123,11 @@ export function sidecarContainer (o: SidecarOptions): Record<string, unknown> {
     },
     terminationMessagePolicy: 'FallbackToLogsOnError',
   }
+}
+
+/** The empty directory that keeps the pod's ServiceAccount token out of the sidecar. */
+export function noApiTokenVolume (): Record<string, unknown> {
+  return { name: SIDECAR.noApiTokenVolume, emptyDir: { sizeLimit: '1Ki' } }
 }
 
 /** The Secret as a directory volume with the two keys the proxy reads; the webhook only names it. */

@@ -7,7 +7,7 @@ import { createHash } from 'node:crypto'
 import { ConfigError, loadConfig, routeUrlList } from '../config/config.js'
 import { ROUTE_METHOD_VARIABLES } from './annotations.js'
 import type { InjectSettings } from './patch.js'
-import { credentialsVolume, SIDECAR, sidecarContainer, type EnvVar, type SidecarOptions, type SidecarTemplate, type TemplateFacts } from './sidecar.js'
+import { credentialsVolume, noApiTokenVolume, SIDECAR, sidecarContainer, type EnvVar, type SidecarOptions, type SidecarTemplate, type TemplateFacts } from './sidecar.js'
 
 export type Json = Record<string, unknown>
 
@@ -107,7 +107,7 @@ export function templateFromEnv (o: Omit<SidecarOptions, 'native' | 'proxyPort' 
     requests: SIDECAR.requests,
     limits: SIDECAR.limits,
   })
-  const template = { container, volumes: [credentialsVolume(secret)] }
+  const template = { container, volumes: [credentialsVolume(secret), noApiTokenVolume()] }
   return { template, facts: checkTemplate(template) }
 }
 

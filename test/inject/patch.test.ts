@@ -38,10 +38,22 @@ t.test('the credential Secret is mounted as a read-only directory, never through
   const { review } = inject(appPod())
   const { spec } = applyResponsePatch(appPod(), review.response)
   const sidecar = spec.initContainers?.[0] as { volumeMounts: Json[] }
-  t.same(sidecar.volumeMounts, [{ name: 'cos-auth-proxy-credentials', mountPath: '/var/run/secrets/cos', readOnly: true }])
+  t.same(sidecar.volumeMounts[0], { name: 'cos-auth-proxy-credentials', mountPath: '/var/run/secrets/cos', readOnly: true })
   const env = envOf(sidecar)
   t.equal(env.find(e => e.name === 'COS_ACCESS_KEY_FILE')?.value, '/var/run/secrets/cos/access-key')
   t.equal(env.find(e => e.name === 'COS_ACCESS_KEY_SECRET_FILE')?.value, '/var/run/secrets/cos/access-key-secret')
+})
+
+// Issue 37: the API server's ServiceAccount plugin mounts the pod's token into every container that has no
+// mount at its path, the injected sidecar included; the proxy never calls the API server.
+t.test('the injected sidecar does not get the app pod\'s ServiceAccount token: an empty directory is mounted over its path', async t => {
+  const { review } = inject(appPod())
+  const { spec } = applyResponsePatch(appPod(), review.response)
+  const sidecar = spec.initContainers?.[0] as { volumeMounts: Json[] }
+  const path = '/var/run/secrets/kubernetes.io/serviceaccount'
+  t.same(sidecar.volumeMounts.filter(m => m.mountPath === path), [{ name: 'cos-auth-proxy-no-api-token', mountPath: path, readOnly: true }])
+  t.same((spec.volumes ?? []).find(v => v.name === 'cos-auth-proxy-no-api-token'), { name: 'cos-auth-proxy-no-api-token', emptyDir: { sizeLimit: '1Ki' } }, 'an empty directory, nothing written to it')
+  t.notOk((spec.containers[0]?.volumeMounts as Json[] | undefined)?.some(m => m.mountPath === path), 'the app container is left to the API server, which mounts the token there')
 })
 
 t.test('on clusters older than 1.29 the sidecar is a plain container with the chart\'s hardening and resources', async t => {

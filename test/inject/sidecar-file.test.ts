@@ -163,5 +163,40 @@ t.test('`inject --print` prints the pod as the webhook would inject it, with the
   t.match(refused.stderr, /^cos-auth-proxy: refused: cos-auth-proxy\.io\/log-level: must be one of/)
   const yaml = await print('apiVersion: v1\nkind: Pod\n', settings)
   t.equal(yaml.code, 65)
-  t.match(yaml.stderr, /must be a Pod in JSON .*kubectl create --dry-run=client -o json/)
+  t.match(yaml.stderr, /must be JSON: a Pod, a workload, a List or an array of them\. From YAML: kubectl create --dry-run=client -o json -f FILE .*yq ea -o=json '\[\.\]' FILE/)
+  t.equal(yaml.stderr.trim().split('\n').length, 1, 'one line')
+})
+
+// Issue 37: a multi-document file through `kubectl create --dry-run=client -o json` is a List,
+// which the preview refused with the webhook's "request.object must be a Pod with a spec".
+t.test('`inject --print` previews a List (a multi-document file through kubectl) item by item instead of refusing it as not a Pod', async t => {
+  const file = join(dir, 'print-list.json')
+  writeFileSync(file, definition())
+  const settings = { COS_INJECT_SIDECAR_FILE: file, COS_INJECT_DEFAULT_SECRET: 'cos-credentials' }
+  const pod = fixtureAppPod()
+  const deployment = { apiVersion: 'apps/v1', kind: 'Deployment', metadata: { name: 'web' }, spec: { selector: {}, template: { metadata: pod.metadata, spec: pod.spec } } }
+  const service = { apiVersion: 'v1', kind: 'Service', metadata: { name: 'web' }, spec: { ports: [{ port: 80 }] } }
+  const plain = { apiVersion: 'batch/v1', kind: 'Job', metadata: { name: 'plain' }, spec: { template: { metadata: {}, spec: pod.spec } } }
+  const list = { apiVersion: 'v1', kind: 'List', metadata: { resourceVersion: '' }, items: [deployment, service, plain] }
+  const r = await print(JSON.stringify(list), settings)
+  t.equal(r.code, 0, r.stderr)
+  const printed = JSON.parse(r.stdout) as { kind: string, items: Array<{ kind: string, spec: { template?: { spec: { initContainers?: unknown[] } } } }> }
+  t.equal(printed.kind, 'List', 'a List comes out as a List')
+  t.same(printed.items.map(i => i.kind), ['Deployment', 'Service', 'Job'], 'every item, in order')
+  t.equal(printed.items[0]?.spec.template?.spec.initContainers?.length, 1, 'the annotated Deployment is injected')
+  t.same(printed.items[1], service, 'the Service passes unchanged')
+  t.equal(printed.items[2]?.spec.template?.spec.initContainers, undefined, 'the Job without the annotation is not injected')
+  t.match(r.stderr, /^cos-auth-proxy: Deployment\/web: injected \(0\.1\.0-[0-9a-f]{12}\)$/m)
+  t.match(r.stderr, /^cos-auth-proxy: Service\/web: not a Pod or a workload with a pod template: unchanged$/m)
+  t.match(r.stderr, /^cos-auth-proxy: Job\/plain: not injected: /m)
+
+  const array = await print(JSON.stringify([deployment, service]), settings)
+  t.equal(array.code, 0, array.stderr)
+  t.ok(Array.isArray(JSON.parse(array.stdout)), 'an array (yq ea -o=json \'[.]\') comes out as an array')
+
+  const refusedItem = { ...deployment, metadata: { name: 'loud' }, spec: { ...deployment.spec, template: { metadata: fixtureAppPod({ 'cos-auth-proxy.io/log-level': 'loud' }).metadata, spec: pod.spec } } }
+  const refused = await print(JSON.stringify({ ...list, items: [deployment, refusedItem] }), settings)
+  t.equal(refused.code, 1, 'one refused item fails the preview')
+  t.equal(refused.stdout, '', 'and nothing is printed')
+  t.match(refused.stderr, /^cos-auth-proxy: Deployment\/loud: refused: cos-auth-proxy\.io\/log-level: must be one of/m)
 })

@@ -38,7 +38,7 @@ export interface Context {
 }
 
 /** A CA and a serving certificate for 127.0.0.1 and the Service's name, in the Secret the chart would make. */
-function servingSecret (dir: string): Json {
+export function servingSecret (dir: string): Json {
   const sh = (args: string[]): void => { execFileSync('openssl', args, { cwd: dir, stdio: 'ignore' }) }
   const ec = ['-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes']
   sh(['req', '-x509', ...ec, '-days', '2', '-subj', '/CN=cos-test-injector-ca', '-keyout', 'ca.key', '-out', 'ca.crt'])
@@ -163,6 +163,12 @@ async function injectsDeployments (x: Context): Promise<void> {
   ok(volumes.includes('cos-auth-proxy-credentials') && volumes.includes('cos-auth-proxy-tls'), `the volumes it mounts are there (${volumes.join(', ')})`)
   const mounts = list(init[0], 'volumeMounts').map(m => [m.name, m.readOnly, m.subPath])
   ok(mounts.some(m => m[0] === 'cos-auth-proxy-credentials' && m[1] === true && m[2] === undefined), 'credentials mounted read-only, as a directory', mounts)
+  // Issue 37: the ServiceAccount admission plugin mounts the pod's token into every container without a mount at its path.
+  const tokenPath = '/var/run/secrets/kubernetes.io/serviceaccount'
+  const appToken = list(pod, 'spec', 'containers', 0, 'volumeMounts').find(m => m.mountPath === tokenPath)
+  const sidecarToken = list(init[0], 'volumeMounts').find(m => m.mountPath === tokenPath)
+  ok(typeof appToken?.name === 'string' && appToken.name.startsWith('kube-api-access-'), `the app container has the pod's ServiceAccount token (${String(appToken?.name)})`)
+  equal(sidecarToken?.name, 'cos-auth-proxy-no-api-token', 'the sidecar does not: an empty directory over the token\'s path')
   const url = list(pod, 'spec', 'containers', 0, 'env').find(e => e.name === 'COS_PROXY_URL')
   equal(url?.value, 'http://127.0.0.1:8080', 'the app container has COS_PROXY_URL')
   equal(list(pod, 'spec', 'containers', 0, 'env')[0], { name: 'APP_MODE', value: 'test' }, 'and keeps its own env')

@@ -294,6 +294,13 @@ volumeMounts:
     mountPath: "/var/run/secrets/cos-tls"
     readOnly: true
 {{- end }}
+{{- if .sidecar }}
+  {{- /* The app pod's ServiceAccount token stays out of the proxy, which never calls the API server:
+  the API server mounts it into every container without a mount at this path. */}}
+  - name: {{ include "cos-auth-proxy.volumeName" (dict "ctx" $ctx "sidecar" .sidecar "what" "no-api-token") }}
+    mountPath: "/var/run/secrets/kubernetes.io/serviceaccount"
+    readOnly: true
+{{- end }}
 startupProbe:
   httpGet:
     path: /readyz
@@ -374,6 +381,11 @@ terminationMessagePolicy: FallbackToLogsOnError
         path: tls.key
       {{- end }}
 {{- end }}
+{{- end }}
+{{- if .sidecar }}
+- name: {{ include "cos-auth-proxy.volumeName" (dict "ctx" $ctx "sidecar" .sidecar "what" "no-api-token") }}
+  emptyDir:
+    sizeLimit: 1Ki
 {{- end }}
 {{- end -}}
 

@@ -23,7 +23,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 
 {{- define "cos-auth-proxy.injector.tlsSecretName" -}}
-{{- printf "%s-tls" (include "cos-auth-proxy.injector.fullname" .) -}}
+{{- .Values.injector.tls.existingSecret | default (printf "%s-tls" (include "cos-auth-proxy.injector.fullname" .)) -}}
 {{- end -}}
 
 {{- define "cos-auth-proxy.injector.sidecarConfigMapName" -}}
@@ -43,6 +43,12 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- fail (printf "cos-auth-proxy: injector.nativeSidecar needs Kubernetes >= 1.29 (target %s): set injector.nativeSidecar=false, or pass --kube-version" .Capabilities.KubeVersion.Version) -}}
 {{- end -}}
 {{- include "cos-auth-proxy.validateSidecarValues" . -}}
+{{- if and $v.injector.tls.existingSecret $v.injector.certManager.enabled -}}
+{{- fail "cos-auth-proxy: injector.tls.existingSecret and injector.certManager.enabled are two sources of the webhook's certificate: choose one" -}}
+{{- end -}}
+{{- if ne (not $v.injector.tls.existingSecret) (not $v.injector.tls.caBundle) -}}
+{{- fail "cos-auth-proxy: injector.tls.existingSecret and injector.tls.caBundle go together (the Secret's certificate, and the CA that signed it, base64 PEM, for the webhook configuration)" -}}
+{{- end -}}
 {{- if eq (int $v.proxy.port) (int $v.admin.port) -}}
 {{- fail "cos-auth-proxy: proxy.port and admin.port must differ" -}}
 {{- end -}}
