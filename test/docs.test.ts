@@ -128,20 +128,54 @@ function findRun (lines: string[], run: string[], from: number): number {
   return -1
 }
 
-t.test('the README\'s chart snippets are the example parent chart\'s own lines, in order', async t => {
-  const found = snippets(readFileSync(join(ROOT, 'README.md'), 'utf8'))
-  t.same(found.map(s => s.path), ['examples/sidecar-parent-chart/Chart.yaml', 'examples/sidecar-parent-chart/values.yaml', 'examples/sidecar-parent-chart/templates/deployment.yaml'], 'the three pieces a parent chart needs')
-  for (const { path, runs } of found) {
-    const lines = readFileSync(join(ROOT, path), 'utf8').split('\n').map(line => line.trimEnd())
-    let at = 0
-    for (const run of runs) {
-      const i = findRun(lines, run, at)
-      t.ok(i >= 0, `${path}: "${run[0] ?? ''}" and the ${run.length - 1} lines after it are there, in order`)
-      if (i >= 0) at = i + run.length
+/** The lines of the example's pod template that put the proxy into the pod: both branches, their ends, the volumes. */
+function proxyPlacing (lines: string[]): string[] {
+  return lines.filter((line, i) => /sidecar\.native|sidecar\.container|sidecar\.volumes/.test(line) ||
+    (/^\s*\{\{-? end -?\}\}$/.test(line) && /sidecar\.container/.test(lines[i - 1] ?? '')))
+}
+
+const SNIPPETS: Record<string, string[]> = {
+  'README.md': ['examples/sidecar-parent-chart/Chart.yaml', 'examples/sidecar-parent-chart/values.yaml', 'examples/sidecar-parent-chart/templates/deployment.yaml'],
+  'docs/kubernetes.md': ['examples/sidecar-parent-chart/Chart.yaml', 'examples/sidecar-parent-chart/templates/deployment.yaml'],
+}
+
+t.test('the chart snippets of README.md and docs/kubernetes.md are the example parent chart\'s own lines, in order, both sidecar branches included', async t => {
+  for (const [doc, paths] of Object.entries(SNIPPETS)) {
+    const found = snippets(readFileSync(join(ROOT, doc), 'utf8'))
+    t.same(found.map(s => s.path), paths, `${doc}: the pieces a parent chart needs`)
+    for (const { path, runs } of found) {
+      const lines = readFileSync(join(ROOT, path), 'utf8').split('\n').map(line => line.trimEnd())
+      let at = 0
+      for (const run of runs) {
+        const i = findRun(lines, run, at)
+        t.ok(i >= 0, `${doc}: ${path}: "${run[0] ?? ''}" and the ${run.length - 1} lines after it are there, in order`)
+        if (i >= 0) at = i + run.length
+      }
+      // An excerpt that leaves out the plain-container branch renders no proxy with sidecar.native=false.
+      if (path.endsWith('deployment.yaml')) {
+        const placing = proxyPlacing(lines)
+        t.ok(placing.length >= 7, `${path}: ${placing.length} lines place the proxy`)
+        t.same(proxyPlacing(runs.flat()), placing, `${doc}: the excerpt keeps every line that places the proxy (native and plain branches, the volumes)`)
+      }
     }
   }
   t.equal(findRun(['a', 'b', 'c'], ['b', 'c'], 0), 1, 'a run is found where it is')
   t.equal(findRun(['a', 'b', 'c'], ['c', 'b'], 0), -1, 'and not when out of order')
+  const withoutPlain = ['{{- if $cos.Values.sidecar.native }}', '{{- include "cos-auth-proxy.sidecar.container" $cos | nindent 8 }}', '{{- end }}', '{{- include "cos-auth-proxy.sidecar.volumes" $cos | nindent 8 }}']
+  t.equal(proxyPlacing(withoutPlain).length, 4, 'the check sees an excerpt with the native branch only as four lines, short of the template\'s')
+})
+
+/** The expression of a rule in a PrometheusRule template, Helm's actions taken out. */
+function ruleExpression (template: string, alert: string): string | undefined {
+  const plain = template.replace(/\{\{-?[\s\S]*?-?\}\}/g, '')
+  return new RegExp(`- alert: ${alert}\\n\\s+expr: (.*)`).exec(plain)?.[1]
+}
+
+t.test('docs/kubernetes.md quotes the fail-open alert\'s expression as the chart has it', async t => {
+  const expr = ruleExpression(readFileSync(join(ROOT, 'helm/cos-auth-proxy/templates/prometheusrule.yaml'), 'utf8'), 'CosAuthProxyInjectorFailOpen')
+  t.ok(expr?.includes('apiserver_admission_webhook_fail_open_count') === true, `the chart's expression: ${expr ?? 'none'}`)
+  // test:kubernetes (doc blocks) holds the same quote against what helm renders.
+  t.ok(readFileSync(join(ROOT, 'docs/kubernetes.md'), 'utf8').includes(`(\`${expr ?? '?'}\`)`), 'docs/kubernetes.md quotes it whole')
 })
 
 t.test('the example chart, rendered in both modes by CI, puts the proxy where each mode needs it', async t => {

@@ -4,16 +4,20 @@
 // test/**/*.test.ts; nothing here is named so). Ends with "N passed, N failed".
 //
 // Without the built binaries it says how to build them and exits 2 (skipped,
-// never green). env: HELM (default: helm on PATH), COS_KUBE_* as the script
-// reads them, COS_KUBE_TIMEOUT_S (default 1200: the whole run).
+// never green). env: HELM (default: helm on PATH), KUBECTL (for the doc blocks;
+// default: the control plane's own, then kubectl on PATH), COS_KUBE_* as the
+// script reads them, COS_KUBE_TIMEOUT_S (default 1200: the whole run),
+// COS_KUBE_ONLY (default installs,injection,docs,renders: the parts to run).
 import { existsSync, mkdtempSync, rmSync } from 'node:fs'
 import { createServer, type AddressInfo, type Server } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
+import { docWalkthroughs } from './doc-walkthroughs.js'
 import { failures } from './failures.js'
 import { Helm } from './helm.js'
 import { injection } from './injection.js'
 import { installs } from './installs.js'
+import { renders } from './renders.js'
 import { Cluster, controlPlane, killChildren, parseExports, run, SCRIPT, setScratchBase, str } from './kube.js'
 import { section, skipRunner, stopOnInterruption, summary } from './report.js'
 import { CLI } from './webhook.js'
@@ -80,9 +84,11 @@ async function main (): Promise<number> {
   console.log(`kubernetes: server ${str(version, 'gitVersion') ?? '?'} (${str(version, 'goVersion') ?? '?'}), etcd ${(await run(join(controlPlane('bin').stdout.trim(), 'etcd'), ['--version'])).stdout.split('\n')[0] ?? '?'}, helm ${(await run(helmBin, ['version', '--short'])).stdout.trim()}`)
   const helm = new Helm(helmBin, c)
   try {
-    const only = process.env.COS_KUBE_ONLY ?? 'installs,injection'
+    const only = process.env.COS_KUBE_ONLY ?? 'installs,injection,docs,renders'
     if (only.includes('injection')) await injection(c, helm, failures)
     if (only.includes('installs')) await installs(c, helm)
+    if (only.includes('docs')) await docWalkthroughs(c, helm)
+    if (only.includes('renders')) await renders(c, helm)
   } catch (err) {
     await section('unexpected', () => Promise.reject(err instanceof Error ? err : new Error(String(err))))
   } finally {
