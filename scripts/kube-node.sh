@@ -44,7 +44,8 @@
 #   COS_KUBE_NETNS     network namespace name (default cos-kube-node); also the node's name
 #   COS_KUBE_NODE_RUN  run directory: configs, certs, logs, PIDs, containerd's and the
 #                      kubelet's state (default: a new mktemp -d per `up`, recorded in
-#                      $COS_KUBE_CACHE/node-run so that `down` finds it)
+#                      $COS_KUBE_CACHE/node-run so that a plain `down` finds it). When set,
+#                      the pointer is left alone: give it to every command of that run)
 #   COS_KUBE_NODE_TIMEOUT  seconds `up` waits for the node to be Ready (default 180)
 #   COS_KUBE_NICE      nice level of the build (default 19); COS_KUBE_BUILD_JOBS go build -p (2)
 #   COS_KUBE_CP_WAIT   seconds `build` waits for a control-plane build of the same version
@@ -518,7 +519,8 @@ up() {
   [ -n "$dir" ] || dir=$(mktemp -d "${TMPDIR:-/tmp}/cos-kube-node.XXXXXX")
   mkdir -p "$dir"
   dir=$(realpath "$dir")
-  mkdir -p "$CACHE" && echo "$dir" >"$CACHE/node-run"
+  # the pointer is for plain runs only: one given by COS_KUBE_NODE_RUN leaves another's alone
+  if [ -z "${COS_KUBE_NODE_RUN:-}" ]; then mkdir -p "$CACHE" && echo "$dir" >"$CACHE/node-run"; fi
   echo "$K8S_VERSION" >"$dir/version"
   local t0=$SECONDS
   take_snapshot "$dir"
@@ -548,15 +550,12 @@ up() {
   import_images "$dir" "$PAUSE_TAR" "${images[@]}" &
   local import_pid=$!
 
-  # the control plane, inside the namespace, its run directory under ours. It records its run
-  # directory in $CACHE/current-run as well: put back what was there.
-  local prev_current=""
-  [ -f "$CACHE/current-run" ] && prev_current=$(cat "$CACHE/current-run")
+  # the control plane, inside the namespace, its run directory under ours (given by
+  # COS_KUBE_RUN, so kube-control-plane.sh leaves its current-run pointer alone).
   COS_KUBE_VERSION=$K8S_VERSION COS_KUBE_RUN=$dir/cp COS_KUBE_PORT=$API_PORT COS_KUBE_ETCD_PORT=12379 COS_KUBE_KCM_PORT=10257 \
     COS_KUBE_APISERVER_ARGS="--kubelet-preferred-address-types=InternalIP --kubelet-certificate-authority=$dir/cp/pki/ca.crt --kubelet-client-certificate=$dir/cp/pki/admin.crt --kubelet-client-key=$dir/cp/pki/admin.key" \
     in_ns bash "$CP_SCRIPT" start >"$dir/control-plane.out" 2>&1 \
     || { cat "$dir/control-plane.out" >&2; false; }
-  if [ -n "$prev_current" ]; then echo "$prev_current" >"$CACHE/current-run"; else rm -f "$CACHE/current-run"; fi
   log "$(grep -m1 ' ready on ' "$dir/control-plane.out" || true) ($((SECONDS - t0)) s)"
 
   wait "$import_pid" || die "importing the images failed, see $dir/images.log"
@@ -728,7 +727,7 @@ down() {
   rm -rf "$dir/containerd/root" "$dir/containerd/state" "$dir/kubelet" "$dir/cp/etcd"
   log "stopped and cleaned in $((SECONDS - t0)) s"
   check_clean "$dir"
-  rm -f "$CACHE/node-run"
+  if [ "$(cat "$CACHE/node-run" 2>/dev/null)" = "$dir" ]; then rm -f "$CACHE/node-run"; fi
 }
 
 check_clean() { # dir

@@ -6,16 +6,14 @@
 # injector's ConfigMap (the sidecar the webhook injects). test/inject/chart.test.ts
 # compares them field by field. --check: write nothing, fail when the committed
 # file is out of date (scripts/ci-packaging.sh, helm-check).
-# env: HELM (default: ../shared/tools/get-helm.sh), COS_SHARED_TOOLS
+# env: HELM (default: scripts/tools/get-helm.sh's helm, the one CI renders with)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 PARENT=examples/sidecar-parent-chart
 VALUES=helm/cos-auth-proxy/ci/injector-values.yaml
 OUT=test/fixtures/chart/injector.yaml
-TOOLS="${COS_SHARED_TOOLS:-$ROOT/../shared/tools}"
-[[ -d "$TOOLS" ]] || TOOLS=/work/shared/tools
-HELM="${HELM:-$("$TOOLS/get-helm.sh")}"
+HELM="${HELM:-$(scripts/tools/get-helm.sh)}"
 check=0
 [[ "${1:-}" == "--check" ]] && check=1
 made_charts=0

@@ -87,10 +87,10 @@ async function main (): Promise<number> {
     skipped('the node\'s binaries or the pause image are not in the cache',
       `build them once (control plane ~10 min on 2 cores, then ~1.5 min for the node):\n  ${process.env.COS_KUBE_VERSION === undefined ? '' : `COS_KUBE_VERSION=${process.env.COS_KUBE_VERSION} `}bash scripts/kube-node.sh build`)
   }
-  if (sh(HELM, ['version', '--short']).code !== 0) skipped(`no helm (${HELM})`, 'set HELM=/path/to/helm (HELM=$(bash ../shared/tools/get-helm.sh | tail -1))')
+  if (sh(HELM, ['version', '--short']).code !== 0) skipped(`no helm (${HELM})`, 'set HELM=/path/to/helm (HELM=$(bash scripts/tools/get-helm.sh))')
   if (!existsSync(CLI)) skipped(`no ${CLI}`, 'run npm run build first')
   if (sh('podman', ['image', 'exists', IMAGE]).code !== 0) {
-    skipped(`no podman image ${IMAGE}`, `build it as the packaging step does (~3 min):\n  bash ../shared/tools/container-smoke.sh -t ${IMAGE} --build-only --keep Dockerfile .`)
+    skipped(`no podman image ${IMAGE}`, `build it as the packaging step does (~3 min):\n  bash scripts/tools/container-smoke.sh -t ${IMAGE} --build-only --keep Dockerfile .`)
   }
 
   const work = mkdtempSync(join(tmpdir(), 'cos-kubelet-'))

@@ -50,7 +50,7 @@ async function main (): Promise<number> {
   }
   const helmBin = process.env.HELM ?? 'helm'
   if ((await run(helmBin, ['version', '--short'])).code !== 0) {
-    skipped(`no helm (${helmBin})`, 'install helm 3.8+ or 4, or set HELM=/path/to/helm (CI: HELM=$(../shared/tools/get-helm.sh))')
+    skipped(`no helm (${helmBin})`, 'install helm 3.8+ or 4, or set HELM=/path/to/helm (HELM=$(bash scripts/tools/get-helm.sh), as CI does)')
   }
   if (!existsSync(CLI)) skipped(`no ${CLI}`, 'run npm run build first')
 
