@@ -2,7 +2,18 @@ import { LogController, type FastifyReply, type FastifyRequest } from 'fastify'
 import { hasErrorCode } from '../upstream/error-codes.js'
 import { closeWithConnection } from '../client/connections.js'
 import { responseFailure } from '../client/response.js'
-import type { AccessLogSettings } from '../config/config.js'
+import type { AccessLogSettings, RouteName } from '../config/config.js'
+
+declare module 'fastify' {
+  interface FastifyRequest {
+    /**
+     * The route that admitted the request (route-admission.ts; decorated in
+     * proxy-server.ts): its request line's route without reading
+     * `request.routeOptions`, a getter that builds a new object each time.
+     */
+    proxyRoute: RouteName | undefined
+  }
+}
 
 /** Per-request counters and histograms; ProxyMetrics implements it. */
 export interface RequestObserver {
@@ -87,7 +98,8 @@ export class RequestLog extends LogController {
   }
 
   #completed (request: FastifyRequest, reply: FastifyReply): void {
-    const route = request.routeOptions.config.routeName ?? 'none'
+    // Undecorated (another server, a test's): the getter.
+    const route = request.proxyRoute ?? request.routeOptions.config.routeName ?? 'none'
     const failure = responseFailure(reply.raw)
     const aborted = !reply.raw.writableFinished || failure !== undefined
     if (failure !== undefined) {

@@ -133,6 +133,7 @@ export async function buildProxyServer (opts: ProxyServerOptions): Promise<Fasti
   // Declared up front so every request object has the same shape.
   app.decorateRequest('upstreamStart', 0)
   app.decorateRequest('upstreamMs', -1)
+  app.decorateRequest('proxyRoute', undefined)
 
   const upstreams = opts.upstreams ?? upstreamsFor(config, opts.logger)
   app.addHook('onClose', async () => { await upstreams.close() })

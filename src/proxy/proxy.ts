@@ -77,7 +77,6 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
   fastify.removeAllContentTypeParsers()
 
   quietRequestLogs(fastify)
-  fastify.addHook('onRequest', admitToRoute(opts.routes, opts.credentials))
   const limitBody = maxBodyBytes > 0 ? limitBodyTo(maxBodyBytes) : undefined
   const fail = answerUpstreamFailure({ upstreams, observer: opts.observer, maxBodyBytes })
   answerFailedUpstreamBodies(fastify, fail)
@@ -94,7 +93,11 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
       fail,
       headersTimeoutMs: opts.upstreamTimeoutMs,
     }
-    await fastify.register(httpProxy, routeOptions(route, limitBody, forwardTo(exchange, opts.dropHeader)))
+    // Each route in a scope of its own, with its own admission hook.
+    await fastify.register(async scope => {
+      scope.addHook('onRequest', admitToRoute(route, opts.routes, opts.credentials))
+      await scope.register(httpProxy, routeOptions(route, limitBody, forwardTo(exchange, opts.dropHeader)))
+    })
   }
 }
 

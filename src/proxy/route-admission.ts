@@ -38,19 +38,23 @@ function overrideProblem (headers: IncomingHttpHeaders, allowed: readonly string
 
 /**
  * onRequest, so a refusal comes before any body is read. Callback style:
- * replying without calling done() ends the request here.
+ * replying without calling done() ends the request here. One per route, in
+ * that route's own scope: its name and methods come from here, not from
+ * `request.routeOptions`, a getter that builds a new object on every read.
  */
-export function admitToRoute (routes: readonly Route[], credentials: CredentialStore): Hook {
+export function admitToRoute (route: Route, routes: readonly Route[], credentials: CredentialStore): Hook {
   const prefixed = routes.filter(r => r.prefix !== '')
+  const routeName = route.name
+  const allowed = route.allowedMethods ?? PROXY_METHODS
+  // Only the catch-all can get a path dressed up as a prefix: the router sends the real ones to their routes.
+  const catchAll = routeName === 'api'
   return (request, reply, done) => {
-    const { routeName, allowedMethods } = request.routeOptions.config
-    // Only the catch-all can get a path dressed up as a prefix: the router sends the real ones to their routes.
-    const imitated = routeName === 'api' ? prefixLookalike(request.url, prefixed) : undefined
+    request.proxyRoute = routeName
+    const imitated = catchAll ? prefixLookalike(request.url, prefixed) : undefined
     if (imitated !== undefined) {
       sendError(reply, 400, 'bad_request', `the path only looks like the ${imitated.prefix} prefix (case, ";", a trailing dot or space, encoding): send it as ${imitated.prefix}/…`)
       return
     }
-    const allowed = allowedMethods ?? PROXY_METHODS
     const problem = allowed.includes(request.method) ? overrideProblem(request.headers, allowed) : `${request.method} is not allowed on this route`
     if (problem !== undefined) {
       reply.header('allow', allowed.join(', '))

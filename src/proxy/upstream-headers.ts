@@ -9,15 +9,16 @@ import type { IncomingHttpHeaders } from 'node:http'
 // and undici refuses it. Forwarding headers are whatever the client chose to
 // write: an upstream that audits or filters on them would take them as the
 // truth, and it sees the proxy's own address anyway. Nothing sets them
-// instead. Those present are set to undefined rather than deleted (undici
-// skips undefined values and the object keeps its fast shape); absent ones
-// are not touched. undici refuses `connection`, `keep-alive`, `upgrade`,
+// instead. The copy is built from the headers kept, so those dropped never
+// reach undici at all. undici refuses `connection`, `keep-alive`, `upgrade`,
 // `transfer-encoding` and `expect` outright (it frames the body itself).
-const DROP_REQUEST = [
+// `host` is the proxy's to set, after the copy.
+const DROP_REQUEST: ReadonlySet<string> = new Set([
   'connection', 'transfer-encoding',
   'authorization', 'proxy-authorization', 'proxy-connection', 'keep-alive', 'te', 'trailer', 'upgrade', 'http2-settings', 'expect',
   'forwarded', 'x-forwarded-for', 'x-forwarded-host', 'x-forwarded-proto', 'x-forwarded-port', 'x-forwarded-prefix', 'x-real-ip',
-] as const
+  'host',
+])
 // `trailer` and `te` as well: trailers are never forwarded, and Node refuses
 // to write a head that declares them on a response that cannot carry them
 // (HEAD, HTTP/1.0, a Content-Length, a 204).
@@ -43,11 +44,15 @@ function namesOtherHeaders (value: string | string[]): boolean {
  * Authorization header is the exchange's to set, per attempt.
  */
 export function upstreamRequestHeaders (clientHeaders: IncomingHttpHeaders, host: string, requestId: string, dropHeader: string | undefined): IncomingHttpHeaders {
-  const h: IncomingHttpHeaders = { ...clientHeaders }
-  const connection = h.connection
-  if (connection !== undefined && namesOtherHeaders(connection)) for (const name of connectionTokens(connection)) h[name] = undefined
-  for (const name of DROP_REQUEST) if (h[name] !== undefined) h[name] = undefined
-  if (dropHeader !== undefined && h[dropHeader] !== undefined) h[dropHeader] = undefined
+  const connection = clientHeaders.connection
+  const named = connection !== undefined && namesOtherHeaders(connection) ? connectionTokens(connection) : undefined
+  // Own keys only, as a spread copies them; a fresh object with the kept ones
+  // (~0.1 µs a request less than a copy of all with 18 names set to undefined).
+  const h: IncomingHttpHeaders = {}
+  for (const name of Object.keys(clientHeaders)) {
+    if (DROP_REQUEST.has(name) || name === dropHeader || named?.includes(name) === true) continue
+    h[name] = clientHeaders[name]
+  }
   h.host = host
   h['x-request-id'] = requestId
   return h
