@@ -16,8 +16,9 @@ const MAX_FILES = 10
 const MAX_LINES = 300
 // Test folders that are not one src/ folder's: attacks through a real proxy,
 // the operations docs against a real process, shared helpers, captured data,
-// the chart and the injector against a real API server (npm run test:kubernetes).
-const CROSS_CUTTING_TESTS = new Set(['security', 'ops', 'support', 'fixtures', 'kubernetes', 'kubelet'])
+// the chart and the injector against a real API server (npm run test:kubernetes), pods on a real
+// node (npm run test:kubelet), the compose example under a real engine (npm run test:compose).
+const CROSS_CUTTING_TESTS = new Set(['security', 'ops', 'support', 'fixtures', 'kubernetes', 'kubelet', 'compose'])
 
 /** docs/development.md from "## Layout" to the next "## " heading. */
 function layoutSection (): string {
