@@ -127,7 +127,9 @@ export function sidecarContainer (o: SidecarOptions): Record<string, unknown> {
 
 /** The empty directory that keeps the pod's ServiceAccount token out of the sidecar. */
 export function noApiTokenVolume (): Record<string, unknown> {
-  return { name: SIDECAR.noApiTokenVolume, emptyDir: { sizeLimit: '1Ki' } }
+  // No sizeLimit: mounted read-only, nothing is written, and the kubelet counts the directory's own
+  // block (4 KiB) as usage: a real node evicted pods under a 1Ki limit.
+  return { name: SIDECAR.noApiTokenVolume, emptyDir: {} }
 }
 
 /** The Secret as a directory volume with the two keys the proxy reads; the webhook only names it. */

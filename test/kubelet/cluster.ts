@@ -48,7 +48,7 @@ export interface ContainerStatus {
   restartCount?: number
   state?: { running?: { startedAt?: string }, terminated?: { exitCode: number, reason?: string, startedAt?: string, finishedAt?: string } }
 }
-export interface Container { name: string, restartPolicy?: string, env?: Array<{ name: string, value?: string }>, resources?: { limits?: Record<string, string>, requests?: Record<string, string> } }
+export interface Container { name: string, restartPolicy?: string, env?: Array<{ name: string, value?: string }>, resources?: { limits?: Record<string, string>, requests?: Record<string, string> }, volumeMounts?: Array<{ name: string, mountPath: string }> }
 export interface Pod {
   metadata: { name: string, uid: string, deletionTimestamp?: string, annotations?: Record<string, string> }
   spec: { initContainers?: Container[], containers: Container[], terminationGracePeriodSeconds?: number }

@@ -92,6 +92,12 @@ export async function injectorAndLooper (x: Context): Promise<void> {
     ok(pod.metadata.annotations?.['cos-auth-proxy.io/injected-version'] !== undefined, `${name}: annotated cos-auth-proxy.io/injected-version=${pod.metadata.annotations?.['cos-auth-proxy.io/injected-version'] ?? '?'}`)
     const env = pod.spec.containers.find(c => c.name === 'app')?.env?.find(e => e.name === 'COS_PROXY_URL')?.value
     ok(env === 'http://127.0.0.1:8080', `the app container has COS_PROXY_URL=${env ?? '(none)'}`)
+    // Issue 37: the pod's ServiceAccount token in the app, not in the proxy (an empty directory over its path;
+    // with a sizeLimit of 1Ki the kubelet evicted the pod: the directory's own block counts).
+    const tokenMount = (c: { volumeMounts?: Array<{ name: string, mountPath: string }> } | undefined): string => c?.volumeMounts?.find(m => m.mountPath === '/var/run/secrets/kubernetes.io/serviceaccount')?.name ?? '(none)'
+    const appToken = tokenMount(pod.spec.containers.find(c => c.name === 'app'))
+    ok(appToken.startsWith('kube-api-access-') && tokenMount(sidecar) === 'cos-auth-proxy-no-api-token',
+      `the ServiceAccount token is mounted in the app (${appToken}), not in the proxy (${tokenMount(sidecar)})`)
     const requests = await until(`a 200 in ${name}'s app log`, 60, () => {
       const rs = appRequests(APPS, name)
       return rs.some(q => q.status === '200') ? rs : undefined

@@ -19,6 +19,10 @@ export async function standalone (x: Context): Promise<void> {
     const ip = kubectl('-n', APPS, 'get', 'service', 'cos-auth-proxy', '-o', 'jsonpath={.spec.clusterIP}').stdout
     const endpoints = kubectl('-n', APPS, 'get', 'endpointslices', '-l', 'kubernetes.io/service-name=cos-auth-proxy', '-o', 'jsonpath={.items[*].endpoints[*].addresses[0]}').stdout.split(' ').filter(Boolean)
     ok(endpoints.length >= 1, `Service cos-auth-proxy at ${ip}:8080, endpoints ${endpoints.join(', ')}`)
+    // kube-proxy programs a new Service's rules on its next sync (seconds on a busy machine): until then
+    // the ClusterIP answers nothing. Wait for its first answer, then every request must get 200.
+    const first = await until(`kube-proxy's rules for ${ip}`, 30, () => { const s = curlStatus(`http://${ip}:8080/management/v1/clusters`); return s === '000' ? undefined : s }).catch(() => '000')
+    ok(first === '200', `the ClusterIP answers once kube-proxy has synced: ${first}`)
     const statuses = Array.from({ length: 6 }, () => curlStatus(`http://${ip}:8080/management/v1/clusters`))
     ok(statuses.every(s => s === '200'), `GET http://${ip}:8080/management/v1/clusters through kube-proxy: ${statuses.join(', ')}`)
     const seen = await until('the mock API\'s lines', 10, () => endpoints.some(e => x.mockLog().includes(`"remoteAddress":"${e}"`)) ? true : undefined).catch(() => false)

@@ -384,8 +384,9 @@ terminationMessagePolicy: FallbackToLogsOnError
 {{- end }}
 {{- if .sidecar }}
 - name: {{ include "cos-auth-proxy.volumeName" (dict "ctx" $ctx "sidecar" .sidecar "what" "no-api-token") }}
-  emptyDir:
-    sizeLimit: 1Ki
+  {{- /* No sizeLimit: mounted read-only, nothing is written; the kubelet counts the directory's own
+  block (4 KiB) as usage and evicted pods under a 1Ki limit. */}}
+  emptyDir: {}
 {{- end }}
 {{- end -}}
 
