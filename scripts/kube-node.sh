@@ -36,6 +36,12 @@
 #                                run CMD inside the namespace with KUBECONFIG set and the
 #                                binaries on PATH, e.g. `scripts/kube-node.sh exec kubectl get pods -A`
 #   scripts/kube-node.sh built   exit 0 if everything `build` makes is in the cache
+#   scripts/kube-node.sh snapshot DIR
+#                                take the host's snapshot (what `up` takes) into DIR/snapshot
+#   scripts/kube-node.sh check DIR [KIND...]
+#                                compare the host with DIR/snapshot as `down` does (KIND: mounts
+#                                cgroups iptables netns addr links paths cni; default all, plus
+#                                the run's PIDs and log links); exit 1 naming what differs
 #
 # Environment (all optional):
 #   COS_KUBE_CACHE     build cache, shared with kube-control-plane.sh
@@ -48,6 +54,8 @@
 #                      the pointer is left alone: give it to every command of that run)
 #   COS_KUBE_NODE_TIMEOUT  seconds `up` waits for the node to be Ready (default 180)
 #   COS_KUBE_NICE      nice level of the build (default 19); COS_KUBE_BUILD_JOBS go build -p (2)
+#   COS_KUBE_HOST_PATHS  the host paths `down` removes when `up` made them and `check`
+#                      compares (default: containerd's, the kubelet's and the CNI's; tests)
 #   COS_KUBE_CP_WAIT   seconds `build` waits for a control-plane build of the same version
 #                      that another process is running (default 3600)
 # Needs root (network namespace, mounts, cgroups). cgroup v1 or v2; containerd 1.6 (Debian 12).
@@ -82,7 +90,7 @@ API_PORT=16443
 DAEMONS="kube-proxy kube-scheduler kubelet"
 # Paths outside the run directory that containerd, the CNI plugins or the kubelet write to
 # whatever they are told; `down` removes those that did not exist before `up`.
-HOST_PATHS="/run/containerd /var/lib/kubelet /var/log/containers /var/log/pods /var/lib/cni /opt/containerd /var/lib/containerd /etc/cni /run/netns"
+HOST_PATHS=${COS_KUBE_HOST_PATHS:-"/run/containerd /var/lib/kubelet /var/log/containers /var/log/pods /var/lib/cni /opt/containerd /var/lib/containerd /etc/cni /run/netns"}
 
 log() { printf '[kube-node] %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -286,7 +294,7 @@ snap_iptables() { # rules and chains, without counters and the dated comment lin
 snap_netns() { { ip netns list 2>/dev/null || true; } | awk '{print $1}' | sort; }
 snap_addr() { ip -o addr show | awk '{print $2, $3, $4}' | sort; }
 snap_links() { ip -o link show | awk -F': ' '{print $2}' | sort; }
-snap_paths() { local p; for p in $HOST_PATHS; do if [ -e "$p" ]; then echo "$p"; fi; done; }
+snap_paths() { local p; for p in $HOST_PATHS; do if [ -e "$p" ]; then echo "$p"; fi; done | sort; }
 snap_logs() { { find /var/log/containers -mindepth 1 -maxdepth 1 -printf '%f\n' 2>/dev/null || true; } | sort; }
 # libcni's result cache (containerd 1.6 does not let it be moved): podman may use it too
 snap_cni() { { find /var/lib/cni -type f 2>/dev/null || true; } | sort; }
@@ -730,17 +738,30 @@ down() {
   if [ "$(cat "$CACHE/node-run" 2>/dev/null)" = "$dir" ]; then rm -f "$CACHE/node-run"; fi
 }
 
-check_clean() { # dir
-  local s=$1/snapshot bad=0 what d
+# Every snapshot is compared like with like: both sides sorted the same way (a snapshot
+# written before a snap_* function sorted its output, or one that lists in another order,
+# must not make `down` fail when it left nothing: issue 43, /run/containerd before /etc/cni).
+snapshot_differs() { # file what
+  diff <(LC_ALL=C sort "$1") <("snap_$2" | LC_ALL=C sort) | grep '^[<>]' || true
+}
+
+check_clean() { # dir [what...]: the host against the snapshot; with whats, only those (no PIDs)
+  local s=$1/snapshot bad=0 what d kinds="mounts cgroups iptables netns addr links paths cni"
   SNAP_DIR=$1
-  for what in mounts cgroups iptables netns addr links paths cni; do
-    d=$(diff <(sort "$s/$what") <("snap_$what") | grep '^[<>]' || true)
+  if [ $# -gt 1 ]; then shift; kinds=$*; fi
+  for what in $kinds; do
+    d=$(snapshot_differs "$s/$what" "$what")
     if [ -n "$d" ]; then
       log "left on the host ($what differs from before up; > is new, < is gone):"
       printf '%s\n' "$d" | sed 's/^/    /' >&2
       bad=1
     fi
   done
+  if [ "$kinds" != "mounts cgroups iptables netns addr links paths cni" ]; then
+    [ "$bad" = 0 ] || { log "check: the host is not as in the snapshot ($SNAP_DIR)"; return 1; }
+    log "host checked: $kinds as in the snapshot"
+    return 0
+  fi
   d=$(comm -13 "$s/logs" <(snap_logs) || true)
   [ -z "$d" ] || { log "left in /var/log/containers: $d"; bad=1; }
   local p
@@ -802,6 +823,8 @@ case ${1:-} in
   status) status ;;
   env) print_env ;;
   exec) shift; exec_in "$@" ;;
+  snapshot) [ -n "${2:-}" ] || die "snapshot: which directory?"; take_snapshot "$2" ;;
+  check) [ -n "${2:-}" ] || die "check: which directory?"; shift; check_clean "$@" ;;
   import)
     shift
     [ $# -gt 0 ] || die "import: which archive?"
