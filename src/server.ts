@@ -117,7 +117,7 @@ export async function serve (opts: ServeOptions): Promise<void> {
     })
   }
   const stop = stopOnce(logger, drainProxy)
-  const admin = buildAdminServer({ metrics, readiness, onQuit: () => { stop('quitquitquit') }, logger, limits: { maxConnections: config.admin.maxConnections } })
+  const admin = buildAdminServer({ metrics, readiness, onQuit: () => { stop('quitquitquit') }, logger, limits: { maxConnections: config.admin.maxConnections }, quitquitquit: config.admin.quitquitquit })
   const { address, fields } = await listenWithAdmin(app, config.listen, admin, config.admin, { listen: 'COS_LISTEN_PORT', admin: 'COS_ADMIN_PORT' })
   listening = true
 

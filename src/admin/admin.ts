@@ -41,11 +41,27 @@ export interface AdminOptions {
   readonly logger?: FastifyBaseLogger | false
   /** ADMIN_LIMITS where not given. */
   readonly limits?: Partial<AdminLimits>
+  /** Whether POST /quitquitquit may start the drain (COS_QUITQUITQUIT); true when not given. */
+  readonly quitquitquit?: boolean
 }
 
-/** Whether a peer is the pod itself. */
-export function isLoopbackPeer (address: string | undefined): boolean {
-  return address !== undefined && (address === '::1' || address.startsWith('127.') || address.startsWith('::ffff:127.'))
+// What a container of the pod has at both ends when it calls localhost: the
+// exact loopback addresses, not all of 127.0.0.0/8.
+const POD_LOOPBACK: ReadonlySet<string> = new Set(['127.0.0.1', '::1', '::ffff:127.0.0.1'])
+
+/**
+ * Whether a connection is the pod calling itself: from 127.0.0.1 (or ::1)
+ * **to** 127.0.0.1 (or ::1). A mesh's inbound hop forwards a remote pod's
+ * connection from inside the pod, so the peer address alone does not tell:
+ * Istio (1.10 on) and Kuma connect from 127.0.0.6 to the pod's IP, Linkerd
+ * (2.11 on) from the pod's IP to the pod's IP; a container calling
+ * localhost reaches 127.0.0.1 from 127.0.0.1. Meshes that rewrote the
+ * destination to 127.0.0.1 (Istio before 1.10, Linkerd before 2.11) are
+ * indistinguishable from the pod: COS_QUITQUITQUIT=false turns the endpoint
+ * off (docs/security.md, "The admin listener").
+ */
+export function fromInsidePod (socket: { readonly remoteAddress?: string | undefined, readonly localAddress?: string | undefined }): boolean {
+  return POD_LOOPBACK.has(socket.remoteAddress ?? '') && POD_LOOPBACK.has(socket.localAddress ?? '')
 }
 
 // Path → methods it answers, for 405 + Allow on the others (Fastify itself 404s them).
@@ -191,12 +207,17 @@ function registerAdminRoutes (app: FastifyInstance, opts: AdminOptions): void {
   })
 
   let quitting = false
+  const enabled = opts.quitquitquit ?? true
   // The admin port listens on 0.0.0.0 in a pod so the kubelet can probe it;
   // stopping the proxy is for the pod's own containers (a Job's main
-  // container), so only loopback peers may ask.
+  // container), so only a connection from localhost to localhost may ask.
   app.post('/quitquitquit', (request, reply) => {
-    if (!isLoopbackPeer(request.socket.remoteAddress)) {
-      void reply.code(403).send({ error: { code: 'forbidden_source', message: 'only the pod itself (loopback) may stop the proxy' } })
+    if (!enabled) {
+      sendError(reply, 403, 'quitquitquit_disabled', 'POST /quitquitquit is turned off (COS_QUITQUITQUIT=false)')
+      return
+    }
+    if (!fromInsidePod(request.socket)) {
+      sendError(reply, 403, 'forbidden_source', 'only the pod itself may stop the proxy: a connection from 127.0.0.1 or ::1 to 127.0.0.1 or ::1 (localhost)')
       return
     }
     void reply.code(202).send({ status: 'draining' })

@@ -86,6 +86,8 @@ export const VARIABLES = {
   COS_ADMIN_HOST: { type: 'string', default: '127.0.0.1', expect: 'must be an IP address or host name' },
   COS_ADMIN_PORT: { type: 'integer', default: 9090, minimum: 0, maximum: 65535, expect: 'must be a port number 0-65535' },
   COS_ADMIN_MAX_CONNECTIONS: { type: 'integer', default: 64, minimum: 1, maximum: 1_000_000, expect: 'must be a whole number of connections ≥ 1' },
+  // On, as documented since the first release: a connection from localhost to localhost only (admin.ts).
+  COS_QUITQUITQUIT: { type: 'boolean', default: true, expect: 'must be true or false' },
   COS_SHUTDOWN_DELAY_MS: { type: 'integer', default: 0, minimum: 0, maximum: 2_147_483_647, expect: 'must be a whole number of milliseconds ≥ 0' },
   COS_SHUTDOWN_TIMEOUT_MS: { ...TIMEOUT, default: 25_000 },
   COS_BODY_IDLE_TIMEOUT_MS: { ...TIMEOUT, default: 60_000 },

@@ -35,6 +35,8 @@ export interface Config {
     readonly port: number
     /** Connections the admin listener holds at once (it serves probes and scrapers). */
     readonly maxConnections: number
+    /** Whether POST /quitquitquit may start the drain (COS_QUITQUITQUIT). */
+    readonly quitquitquit: boolean
   }
   readonly shutdownDelayMs: number
   readonly shutdownTimeoutMs: number
@@ -142,7 +144,7 @@ function configuredRoutes (raw: Raw): Route[] {
 function build (raw: Raw, needs: Needs): Config {
   const host = hostname('COS_LISTEN_HOST', raw.COS_LISTEN_HOST ?? '127.0.0.1')
   const routes = configuredRoutes(raw)
-  const admin = { host: hostname('COS_ADMIN_HOST', raw.COS_ADMIN_HOST ?? '127.0.0.1'), port: raw.COS_ADMIN_PORT, maxConnections: raw.COS_ADMIN_MAX_CONNECTIONS }
+  const admin = { host: hostname('COS_ADMIN_HOST', raw.COS_ADMIN_HOST ?? '127.0.0.1'), port: raw.COS_ADMIN_PORT, maxConnections: raw.COS_ADMIN_MAX_CONNECTIONS, quitquitquit: raw.COS_QUITQUITQUIT }
   if (admin.port !== 0 && admin.port === raw.COS_LISTEN_PORT && (admin.host === host || [admin.host, host].some(h => h === '0.0.0.0' || h === '::'))) {
     throw new ConfigError('COS_ADMIN_PORT', `must differ from COS_LISTEN_PORT (${admin.port}): health and metrics never share the proxy port`)
   }

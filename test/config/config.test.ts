@@ -196,8 +196,9 @@ t.test('security settings: defaults and parsing', async t => {
   t.equal(d.requireHeader, undefined)
   t.equal(d.maxBodyBytes, 0)
   t.same(d.client, { headersTimeoutMs: 10000, requestTimeoutMs: 300000, keepAliveTimeoutMs: 5000, maxConnections: 1024 })
-  t.same(d.admin, { host: '127.0.0.1', port: 9090, maxConnections: 64 }, 'the admin listener holds 64 connections at most')
+  t.same(d.admin, { host: '127.0.0.1', port: 9090, maxConnections: 64, quitquitquit: true }, 'the admin listener holds 64 connections at most; /quitquitquit on')
   t.equal(load({ ...base, COS_ADMIN_MAX_CONNECTIONS: '8' }).admin.maxConnections, 8)
+  t.equal(load({ ...base, COS_QUITQUITQUIT: 'false' }).admin.quitquitquit, false, 'COS_QUITQUITQUIT=false turns /quitquitquit off')
   const c = load({
     ...base,
     COS_ALLOW_FROM: '10.0.0.0/8, fd00::/8',

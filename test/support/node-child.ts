@@ -42,15 +42,17 @@ export interface Confinement {
   readonly fdLimit?: number | undefined
   /** A cgroup directory (bench/cgroup.ts) joined before node starts, so that everything it allocates is charged there. */
   readonly cgroupDir?: string | undefined
+  /** A network namespace (`ip netns add NAME`) to run in, entered with nsenter as a pod's containers share one. */
+  readonly netns?: string | undefined
 }
 
 /** spawnNode, through a shell that applies `confine` and then execs node: signals and /proc/<pid> are node's. */
 export function spawnNodeConfined (args: readonly string[], options: SpawnOptionsWithoutStdio, confine: Confinement): ChildProcessWithoutNullStreams {
-  if (confine.fdLimit === undefined && confine.cgroupDir === undefined) return spawnNode(args, options)
+  if (confine.fdLimit === undefined && confine.cgroupDir === undefined && confine.netns === undefined) return spawnNode(args, options)
   const steps = [
     ...(confine.fdLimit === undefined ? [] : [`ulimit -n ${String(confine.fdLimit)}`]),
     ...(confine.cgroupDir === undefined ? [] : ['echo $$ > "$0/cgroup.procs"']),
-    'exec "$@"',
+    confine.netns === undefined ? 'exec "$@"' : `exec nsenter --net=/run/netns/${confine.netns} "$@"`,
   ]
   return track(spawn('/bin/sh', ['-c', steps.join(' && '), confine.cgroupDir ?? 'sh', ...nodeArgv(args)], options))
 }

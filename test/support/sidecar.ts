@@ -31,6 +31,8 @@ export interface SidecarOptions {
   readonly asImage?: boolean
   /** A memory cgroup to run in (bench/cgroup.ts), as a container's limit. */
   readonly cgroupDir?: string
+  /** A network namespace to run in (a pod's); its 127.0.0.1 URLs are then the namespace's own. */
+  readonly netns?: string
 }
 
 function spawnServe (env: NodeJS.ProcessEnv, opts: SidecarOptions): ChildProcessWithoutNullStreams {
