@@ -9,7 +9,7 @@ import { listenWithAdmin, type BoundListeners } from './admin/listeners.js'
 import { isLoopbackAddress } from './client/browser-checks.js'
 import type { Config } from './config/config.js'
 import { CredentialWatcher } from './credentials/credential-watcher.js'
-import { CredentialStore } from './credentials/credentials.js'
+import { accessKeyHint, CredentialStore } from './credentials/credentials.js'
 import { drain } from './admin/drain.js'
 import { ProxyMetrics } from './observability/metrics.js'
 import { buildProxyServer, metricsObserver, upstreamsFor } from './proxy/proxy-server.js'
@@ -169,7 +169,7 @@ function logStart (config: Config, logger: Logger, fields: BoundListeners['field
   }
   logger.info({
     ...fields,
-    accessKey: store.current?.accessKey ?? null,
+    accessKey: store.current === undefined ? null : accessKeyHint(store.current.accessKey),
     routes: config.routes.map(r => ({ name: r.name, prefix: r.prefix === '' ? '/' : r.prefix, upstream: r.url, ...egressOf(upstreams, r.origin) })),
   }, 'cos-auth-proxy listening')
 }

@@ -13,7 +13,7 @@ import { basename, dirname } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
 import type { FastifyBaseLogger } from 'fastify'
 import type { Config } from '../config/config.js'
-import { readPair, type CredentialStore, type PairFailure, type PairResult, type ReadRefusal } from './credentials.js'
+import { accessKeyHint, readPair, type CredentialStore, type PairFailure, type PairResult, type ReadRefusal } from './credentials.js'
 import type { TokenEncoding } from '../token/token.js'
 
 export type ReloadOutcome =
@@ -188,7 +188,7 @@ export class CredentialWatcher {
     if (!r.ok) {
       outcome = { result: 'rejected', variable: r.variable, problem: r.problem, ...(r.refusal === undefined ? {} : { refusal: r.refusal }) }
       const problem = `${r.variable} ${r.problem}`
-      const fields = { variable: r.variable, problem: r.problem, accessKeyInForce: previous ?? null }
+      const fields = { variable: r.variable, problem: r.problem, accessKeyInForce: previous === undefined ? null : accessKeyHint(previous) }
       if (problem === this.#lastProblem) {
         logger.debug(fields, 'credentials: still invalid')
       } else {
@@ -199,15 +199,15 @@ export class CredentialWatcher {
       }
     } else if (this.#isCurrent(r)) {
       outcome = UNCHANGED
-      if (this.#lastProblem !== undefined) logger.info({ accessKey: r.accessKey }, 'credentials: files valid again; key pair unchanged')
+      if (this.#lastProblem !== undefined) logger.info({ accessKey: accessKeyHint(r.accessKey) }, 'credentials: files valid again; key pair unchanged')
       else logger.trace('credentials: unchanged')
       this.#lastProblem = undefined
     } else {
       store.swap(r.minter)
       outcome = { result: 'applied', accessKey: r.accessKey }
       this.#lastProblem = undefined
-      // The access key is an identifier and may be logged; the secret never is.
-      logger.info({ accessKey: r.accessKey, previousAccessKey: previous ?? null }, 'credentials: key pair in force')
+      // The secret is never logged, and of the key only what tells keys apart.
+      logger.info({ accessKey: accessKeyHint(r.accessKey), previousAccessKey: previous === undefined ? null : accessKeyHint(previous) }, 'credentials: key pair in force')
     }
     try {
       this.#opts.onOutcome?.(outcome)

@@ -26,6 +26,18 @@ function accessKeyProblem (key: string): string | undefined {
   return undefined
 }
 
+/**
+ * How an access key is logged: enough to tell keys apart, never all of it.
+ * The key is a public identifier, but a pair mounted the wrong way round puts
+ * the secret where the key belongs, and a hex or base64 secret passes as a
+ * key (issue 43). At most a quarter of it: up to 4 characters at each end
+ * ("AKID…WXYZ"), none of a key under 8 characters (only its length).
+ */
+export function accessKeyHint (key: string): string {
+  const n = Math.min(4, Math.floor(key.length / 8))
+  return n === 0 ? `(${String(key.length)} characters)` : `${key.slice(0, n)}…${key.slice(-n)}`
+}
+
 function literalItem (name: string, secret: Secret): ItemResult {
   const value = secret.reveal().trim()
   return value === '' ? { ok: false, variable: name, problem: 'is empty' } : { ok: true, value }

@@ -10,7 +10,7 @@ import { performance } from 'node:perf_hooks'
 import type { FastifyBaseLogger } from 'fastify'
 import type { RouteName } from '../config/config.js'
 import type { ReloadOutcome } from '../credentials/credential-watcher.js'
-import type { CredentialStore } from '../credentials/credentials.js'
+import { accessKeyHint, type CredentialStore } from '../credentials/credentials.js'
 import type { HeaderMinter } from '../token/token.js'
 import type { UpstreamClock } from '../upstream/upstream-clock.js'
 
@@ -58,7 +58,7 @@ function clockState (f: RefusalFacts): string {
 
 /** The likeliest cause first, and what to do about it. */
 export function refusalHint (f: RefusalFacts): string {
-  const key = `access key ${f.accessKey ?? '(none)'}`
+  const key = `access key ${f.accessKey === undefined ? '(none)' : accessKeyHint(f.accessKey)}`
   const beyond = f.correcting && f.maxCorrectionS !== undefined && f.skewSeconds !== undefined && Math.abs(f.skewSeconds) > f.maxCorrectionS
   if (f.skewed && (!f.correcting || beyond) && f.skewSeconds !== undefined) {
     const s = Math.round(f.skewSeconds)
@@ -69,7 +69,7 @@ export function refusalHint (f: RefusalFacts): string {
   }
   const r = f.reread
   if (r?.result === 'applied') {
-    return `a re-read of the credential files found a different key pair and put it in force (access key ${r.accessKey}): the key was rotated and the proxy had not seen it yet; requests now use the new pair`
+    return `a re-read of the credential files found a different key pair and put it in force (access key ${accessKeyHint(r.accessKey)}): the key was rotated and the proxy had not seen it yet; requests now use the new pair`
   }
   if (r?.result === 'rejected') {
     return `the credential files cannot be used (${r.variable} ${r.problem}), so the pair in force (${key}) stays: fix the mounted Secret`
@@ -146,12 +146,12 @@ export class AuthRefusals {
     logger.warn({
       status,
       route,
-      accessKey: minter?.accessKey ?? null,
+      accessKey: minter === undefined ? null : accessKeyHint(minter.accessKey),
       keyLoadedAt: store.loadedAt?.toISOString() ?? null,
       upstreamClockSkewSeconds: skew === undefined ? null : Math.round(skew * 10) / 10,
       clockSkewCorrection: clock.correcting,
       reread: result,
-      ...(result === 'applied' ? { previousAccessKey: before?.accessKey ?? null } : {}),
+      ...(result === 'applied' ? { previousAccessKey: before === undefined ? null : accessKeyHint(before.accessKey) } : {}),
       refusals,
     }, `auth: the upstream answered ${status}${status === 401 ? ' (token refused)' : ' (forbidden)'}: ${hint}`)
   }

@@ -13,7 +13,7 @@ import t from 'tap'
 import { refusalHint, type RefusalFacts } from '../../src/proxy/auth-refusals.js'
 import { loadConfig } from '../../src/config/config.js'
 import { CredentialWatcher } from '../../src/credentials/credential-watcher.js'
-import { CredentialStore, readPair } from '../../src/credentials/credentials.js'
+import { accessKeyHint, CredentialStore, readPair } from '../../src/credentials/credentials.js'
 import { createLogger } from '../../src/observability/logger.js'
 import { buildProxyServer } from '../../src/proxy/proxy-server.js'
 import { LogCapture, secretForms, send, startUpstream, tokenForms, until } from '../support/helpers.js'
@@ -91,14 +91,14 @@ t.test('upstream 401s and 403s: one warning per interval with the access key, wh
     t.match(w, {
       status: 401,
       route: 'management',
-      accessKey: pairs[0].key,
+      accessKey: accessKeyHint(pairs[0].key),
       keyLoadedAt: loadedAt,
       clockSkewCorrection: false,
       reread: 'unchanged',
       refusals: 1,
     })
     t.ok(typeof w.upstreamClockSkewSeconds === 'number' && Math.abs(w.upstreamClockSkewSeconds) < 2, `the skew is measured (${String(w.upstreamClockSkewSeconds)})`)
-    t.match(w.msg, /^auth: the upstream answered 401 \(token refused\): the pair in force is the one in the credential files and the clocks agree: check that the upstream knows access key AKREFUSED1 .*COS_TOKEN_ENCODING=url/)
+    t.match(w.msg, /^auth: the upstream answered 401 \(token refused\): the pair in force is the one in the credential files and the clocks agree: check that the upstream knows access key A…1 .*COS_TOKEN_ENCODING=url/)
     await sleep(Math.max(0, INTERVAL_MS - (Date.now() - started) - 50))
     t.equal(warnings().length, 1, 'ten 401s within the interval: one warning')
   })
@@ -108,8 +108,8 @@ t.test('upstream 401s and 403s: one warning per interval with the access key, wh
     status = 403
     await burst(3)
     const w = await nextWarning(2)
-    t.match(w, { status: 403, accessKey: pairs[0].key, reread: 'unchanged', refusals: 10 })
-    t.match(w.msg, /answered 403 \(forbidden\): .*a 403 usually means access key AKREFUSED1 lacks the permission for this operation \(RBAC\)/)
+    t.match(w, { status: 403, accessKey: accessKeyHint(pairs[0].key), reread: 'unchanged', refusals: 10 })
+    t.match(w.msg, /answered 403 \(forbidden\): .*a 403 usually means access key A…1 lacks the permission for this operation \(RBAC\)/)
   })
 
   await t.test('the key was rotated on disk and nothing said so: the warning says the re-read found a different pair, now in force', async t => {
@@ -118,8 +118,8 @@ t.test('upstream 401s and 403s: one warning per interval with the access key, wh
     write(pairs[1])
     await burst(1)
     const w = await nextWarning(3)
-    t.match(w, { status: 401, accessKey: pairs[1].key, previousAccessKey: pairs[0].key, reread: 'applied', refusals: 3 })
-    t.match(w.msg, /a re-read of the credential files found a different key pair and put it in force \(access key AKREFUSED2\)/)
+    t.match(w, { status: 401, accessKey: accessKeyHint(pairs[1].key), previousAccessKey: accessKeyHint(pairs[0].key), reread: 'applied', refusals: 3 })
+    t.match(w.msg, /a re-read of the credential files found a different key pair and put it in force \(access key A…2\)/)
     t.not(w.keyLoadedAt, loadedAt, 'loaded-at is the new pair\'s')
   })
 
@@ -147,13 +147,13 @@ t.test('upstream 401s and 403s: one warning per interval with the access key, wh
 })
 
 t.test('the hint names the likeliest cause first', async t => {
-  const base: RefusalFacts = { status: 401, accessKey: 'AK1', skewSeconds: 0.3, skewed: false, correcting: false, warnAfterS: 60, reread: undefined, fromFiles: true, encoding: 'url' }
-  t.match(refusalHint({ ...base, skewSeconds: -600, skewed: true, reread: { result: 'applied', accessKey: 'AK2' } }), /^the upstream's clock is 600 s behind this node's/, 'a skewed clock before anything else')
+  const base: RefusalFacts = { status: 401, accessKey: 'AKIDFIRST0000001', skewSeconds: 0.3, skewed: false, correcting: false, warnAfterS: 60, reread: undefined, fromFiles: true, encoding: 'url' }
+  t.match(refusalHint({ ...base, skewSeconds: -600, skewed: true, reread: { result: 'applied', accessKey: 'AKIDSECOND000002' } }), /^the upstream's clock is 600 s behind this node's/, 'a skewed clock before anything else')
   t.match(refusalHint({ ...base, skewSeconds: -600, skewed: true, correcting: true }), /^the pair in force is the one in the credential files and the clock is off but COS_CLOCK_SKEW_CORRECTION shifts timestamps/, 'not once the correction is on')
   t.match(refusalHint({ ...base, skewSeconds: -600, skewed: true, correcting: true, maxCorrectionS: 600 }), /^the pair in force/, 'a skew of the bound itself is followed')
   t.match(refusalHint({ ...base, skewSeconds: 2_306_796_154, skewed: true, correcting: true, maxCorrectionS: 600 }), /^the upstream's clock is 2306796154 s ahead of this node's, beyond the COS_CLOCK_SKEW_MAX_SECONDS \(600 s\) the correction follows, so token timestamps fall outside its window: fix the node's clock \(NTP\), or raise COS_CLOCK_SKEW_MAX_SECONDS if the upstream's clock is the right one$/, 'nor a skew beyond the bound it follows: that is the cause again')
-  t.match(refusalHint({ ...base, reread: { result: 'rejected', variable: 'COS_ACCESS_KEY_SECRET_FILE', problem: 'file "/s" is empty' } }), /^the credential files cannot be used \(COS_ACCESS_KEY_SECRET_FILE file "\/s" is empty\), so the pair in force \(access key AK1\) stays: fix the mounted Secret/)
-  t.match(refusalHint({ ...base, fromFiles: false, skewSeconds: undefined }), /^the pair comes from COS_ACCESS_KEY \/ COS_ACCESS_KEY_SECRET and the clock skew is unknown \(no Date header from the upstream yet\): check that the upstream knows access key AK1/)
+  t.match(refusalHint({ ...base, reread: { result: 'rejected', variable: 'COS_ACCESS_KEY_SECRET_FILE', problem: 'file "/s" is empty' } }), /^the credential files cannot be used \(COS_ACCESS_KEY_SECRET_FILE file "\/s" is empty\), so the pair in force \(access key AK…01\) stays: fix the mounted Secret/)
+  t.match(refusalHint({ ...base, fromFiles: false, skewSeconds: undefined }), /^the pair comes from COS_ACCESS_KEY \/ COS_ACCESS_KEY_SECRET and the clock skew is unknown \(no Date header from the upstream yet\): check that the upstream knows access key AK…01/)
   const literal = refusalHint({ ...base, fromFiles: false })
   t.match(literal, /compare COS_ACCESS_KEY and COS_ACCESS_KEY_SECRET with the pair issued for this API/, 'literal values: compare the variables')
   t.notMatch(literal, /Secret|files/, 'and no word of a mounted Secret or files the proxy does not read')
