@@ -16,6 +16,8 @@ export const ANNOTATIONS = {
   envFromConfigMap: `${PREFIX}env-from-configmap`,
   /** Set by the webhook: program version and hash of the sidecar definition. Its presence makes a re-invocation a no-op. */
   injected: `${PREFIX}injected-version`,
+  /** Set by the webhook on a pod that asks for the sidecar and cannot have it (hostNetwork): why. */
+  notInjected: `${PREFIX}not-injected`,
 } as const
 
 export const DEFAULT_ENV_NAME = 'COS_PROXY_URL'

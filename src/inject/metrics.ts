@@ -15,6 +15,7 @@ export class InjectMetrics {
   private readonly injected: Counter
   private readonly skipped: Counter<'reason'>
   private readonly refused: Counter<'annotation'>
+  private readonly warnings: Counter<'reason'>
   private readonly errors: Counter<'kind'>
   private readonly reloads: Counter<'result'>
   private readonly sidecarReloads: Counter<'result'>
@@ -23,8 +24,9 @@ export class InjectMetrics {
   constructor (opts: { readonly defaultMetrics?: boolean } = {}) {
     const registers = [this.registry]
     this.injected = new Counter({ name: `${PREFIX}injected_total`, help: 'Pods the sidecar was injected into (dry runs included).', registers })
-    this.skipped = new Counter({ name: `${PREFIX}skipped_total`, help: 'Reviews allowed without a patch, by reason: not_a_pod, not_create, not_annotated, already_injected.', labelNames: ['reason'], registers })
-    this.refused = new Counter({ name: `${PREFIX}refused_total`, help: 'Pods denied for a bad annotation value, by annotation.', labelNames: ['annotation'], registers })
+    this.skipped = new Counter({ name: `${PREFIX}skipped_total`, help: 'Reviews allowed without the sidecar, by reason: not_a_pod, not_create, not_annotated, already_injected, host_network (the pod gets cos-auth-proxy.io/not-injected saying why).', labelNames: ['reason'], registers })
+    this.refused = new Counter({ name: `${PREFIX}refused_total`, help: 'Pods denied for a bad annotation value, by annotation; cos-auth-proxy.io/inject: the pod cannot take the sidecar (a volume of one of its names).', labelNames: ['annotation'], registers })
+    this.warnings = new Counter({ name: `${PREFIX}warnings_total`, help: 'Warnings returned with a review (kubectl shows them), by reason: host_network, has_sidecar, share_process_namespace, host_pid.', labelNames: ['reason'], registers })
     this.errors = new Counter({ name: `${PREFIX}errors_total`, help: 'Requests to /mutate answered with an error: malformed (400, 413), internal (500) or busy (503: the bodies in flight are at their bound).', labelNames: ['kind'], registers })
     this.reloads = new Counter({ name: `${PREFIX}certificate_reloads_total`, help: 'Serving certificate changes on disk: applied, or rejected (unreadable or not a matching pair; the previous one stays).', labelNames: ['result'], registers })
     this.sidecarReloads = new Counter({ name: `${PREFIX}sidecar_reloads_total`, help: 'Sidecar definition (COS_INJECT_SIDECAR_FILE) changes on disk: applied, or rejected (not valid JSON or fails the checks; the previous one stays).', labelNames: ['result'], registers })
@@ -41,6 +43,7 @@ export class InjectMetrics {
     if (o.kind === 'injected') this.injected.inc()
     else if (o.kind === 'skipped') this.skipped.inc({ reason: o.reason })
     else this.refused.inc({ annotation: o.annotation })
+    if (o.kind !== 'refused') for (const w of o.warnings ?? []) this.warnings.inc({ reason: w.reason })
   }
 
   error (kind: ErrorKind): void {

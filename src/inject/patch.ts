@@ -14,11 +14,16 @@ export interface InjectSettings {
   readonly version: string
 }
 
-export type SkipReason = 'not_a_pod' | 'not_create' | 'not_annotated' | 'already_injected'
+export type SkipReason = 'not_a_pod' | 'not_create' | 'not_annotated' | 'already_injected' | 'host_network'
+
+/** Why a pod's review carries a warning: kubectl prints it, the log and cos_auth_proxy_inject_warnings_total{reason} count it. */
+export type WarningReason = 'host_network' | 'has_sidecar' | 'share_process_namespace' | 'host_pid'
+export interface Warning { readonly reason: WarningReason, readonly message: string }
 
 export type Outcome =
-  | { readonly kind: 'injected', readonly patch: readonly PatchOperation[] }
-  | { readonly kind: 'skipped', readonly reason: SkipReason }
+  | { readonly kind: 'injected', readonly patch: readonly PatchOperation[], readonly warnings?: readonly Warning[] }
+  /** A patch only with host_network: the annotation that says why (cos-auth-proxy.io/not-injected). */
+  | { readonly kind: 'skipped', readonly reason: SkipReason, readonly patch?: readonly PatchOperation[], readonly warnings?: readonly Warning[] }
   | { readonly kind: 'refused', readonly annotation: string, readonly message: string }
 
 export interface PatchOperation { readonly op: 'add', readonly path: string, readonly value: unknown }
@@ -29,6 +34,8 @@ export interface AdmissionResponse {
   readonly patchType?: 'JSONPatch'
   readonly patch?: string
   readonly status?: { readonly code: number, readonly message: string }
+  /** admission.k8s.io/v1: shown by kubectl as "Warning: …" to whoever created the pod. */
+  readonly warnings?: readonly string[]
 }
 
 export interface ReviewAnswer {
@@ -52,7 +59,13 @@ interface Pod {
   readonly containers: readonly Container[]
   readonly initContainers?: readonly Container[]
   readonly hasVolumes: boolean
+  /** The names of the pod's own volumes (entries without a string name are the API server's to refuse). */
+  readonly volumeNames: readonly string[]
   readonly terminationGracePeriodSeconds?: number
+  /** The pod-level switches that change what the sidecar's 127.0.0.1 and /proc mean. */
+  readonly hostNetwork: boolean
+  readonly hostPID: boolean
+  readonly shareProcessNamespace: boolean
 }
 
 type Json = Record<string, unknown>
@@ -82,12 +95,17 @@ function readPod (object: unknown): Pod {
   if (containers === undefined) throw new MalformedReview('request.object.spec.containers is required')
   const initContainers = containerList(spec.initContainers, 'initContainers')
   const grace = spec.terminationGracePeriodSeconds
+  const volumes: unknown[] = Array.isArray(spec.volumes) ? spec.volumes : []
   return {
     annotations: annotations ?? {},
     containers,
     ...(initContainers === undefined ? {} : { initContainers }),
     hasVolumes: Array.isArray(spec.volumes),
+    volumeNames: volumes.flatMap(v => isObject(v) && typeof v.name === 'string' ? [v.name] : []),
     ...(typeof grace === 'number' ? { terminationGracePeriodSeconds: grace } : {}),
+    hostNetwork: spec.hostNetwork === true,
+    hostPID: spec.hostPID === true,
+    shareProcessNamespace: spec.shareProcessNamespace === true,
   }
 }
 
@@ -116,14 +134,11 @@ export function answerReview (body: unknown, settings: InjectSettings): ReviewAn
 }
 
 function responseFor (uid: string, outcome: Outcome): AdmissionResponse {
-  switch (outcome.kind) {
-    case 'injected':
-      return { uid, allowed: true, patchType: 'JSONPatch', patch: Buffer.from(JSON.stringify(outcome.patch)).toString('base64') }
-    case 'skipped':
-      return { uid, allowed: true }
-    case 'refused':
-      return { uid, allowed: false, status: { code: 400, message: `${outcome.annotation}: ${outcome.message}` } }
-  }
+  if (outcome.kind === 'refused') return { uid, allowed: false, status: { code: 400, message: `${outcome.annotation}: ${outcome.message}` } }
+  const patch = outcome.patch === undefined ? {} : { patchType: 'JSONPatch' as const, patch: Buffer.from(JSON.stringify(outcome.patch)).toString('base64') }
+  const prefix = outcome.kind === 'skipped' ? 'cos-auth-proxy: no sidecar injected: ' : 'cos-auth-proxy: '
+  const warnings = outcome.warnings === undefined ? {} : { warnings: outcome.warnings.map(w => prefix + w.message) }
+  return { uid, allowed: true, ...patch, ...warnings }
 }
 
 function decide (request: Json, settings: InjectSettings): Outcome {
@@ -131,17 +146,52 @@ function decide (request: Json, settings: InjectSettings): Outcome {
   if (request.operation !== 'CREATE') return { kind: 'skipped', reason: 'not_create' }
   const pod = readPod(request.object)
   if (pod.annotations[ANNOTATIONS.inject] !== 'true') return { kind: 'skipped', reason: 'not_annotated' }
-  if (pod.annotations[ANNOTATIONS.injected] !== undefined || hasSidecar(pod, settings.facts.name)) return { kind: 'skipped', reason: 'already_injected' }
+  if (pod.annotations[ANNOTATIONS.injected] !== undefined) return { kind: 'skipped', reason: 'already_injected' }
+  // linkerd's injector declines such pods for the same reason (host_network_enabled).
+  if (pod.hostNetwork) {
+    const patch = [{ op: 'add' as const, path: `/metadata/annotations/${pointer(ANNOTATIONS.notInjected)}`, value: HOST_NETWORK }]
+    return { kind: 'skipped', reason: 'host_network', patch, warnings: [{ reason: 'host_network', message: HOST_NETWORK }] }
+  }
+  const { name } = settings.facts
+  if ([...pod.containers, ...pod.initContainers ?? []].some(c => c.name === name)) {
+    const message = `the pod has a container named ${JSON.stringify(name)} already, taken for the sidecar (the chart's own?); ${ANNOTATIONS.inject} is not needed`
+    return { kind: 'skipped', reason: 'already_injected', warnings: [{ reason: 'has_sidecar', message }] }
+  }
+  const clash = volumeClash(pod, settings)
+  if (clash !== undefined) return { kind: 'refused', annotation: ANNOTATIONS.inject, message: clash }
   try {
-    return { kind: 'injected', patch: patchFor(pod, settings) }
+    const warnings = processWarnings(pod, settings)
+    return { kind: 'injected', patch: patchFor(pod, settings), ...(warnings.length === 0 ? {} : { warnings }) }
   } catch (err) {
     if (err instanceof AnnotationProblem) return { kind: 'refused', annotation: err.annotation, message: err.message }
     throw err
   }
 }
 
-function hasSidecar (pod: Pod, name: string): boolean {
-  return [...pod.containers, ...pod.initContainers ?? []].some(c => c.name === name)
+/** Why a hostNetwork pod gets no sidecar: the value of cos-auth-proxy.io/not-injected and its warning. */
+const HOST_NETWORK = 'hostNetwork: the pod\'s 127.0.0.1 is the node\'s loopback, where every process on the node could use the sidecar\'s key'
+
+/** The sidecar's volumes the pod has already: the API server would refuse two of a name, so the webhook refuses first, naming them. */
+function volumeClash (pod: Pod, settings: InjectSettings): string | undefined {
+  const own = new Set(pod.volumeNames)
+  const names = settings.template.volumes.map(v => v.name).filter((n): n is string => typeof n === 'string' && own.has(n))
+  if (names.length === 0) return undefined
+  const which = names.length === 1 ? `a volume named ${JSON.stringify(names[0])}` : `volumes named ${names.map(n => JSON.stringify(n)).join(', ')}`
+  const one = names.length === 1
+  return `cannot inject: the pod has ${which} already, and the sidecar adds its own of ${one ? 'that name' : 'those names'} (the API server would refuse the pod). ` +
+    `If the pod carries the chart's sidecar (cos-auth-proxy.sidecar.volumes), remove this annotation; else rename ${one ? 'the volume' : 'them'}`
+}
+
+/** Pods whose processes see the sidecar's: one running as its uid reads its key files through /proc/<pid>/root. */
+function processWarnings (pod: Pod, settings: InjectSettings): Warning[] {
+  const context = settings.template.container.securityContext as { runAsUser?: unknown } | undefined
+  const uid = typeof context?.runAsUser === 'number' ? `uid ${context.runAsUser}` : 'uid'
+  const warnings: Warning[] = []
+  if (pod.shareProcessNamespace) {
+    warnings.push({ reason: 'share_process_namespace', message: `shareProcessNamespace: a container running as the sidecar's ${uid} can read its key files through /proc/<pid>/root; run the app as another uid` })
+  }
+  if (pod.hostPID) warnings.push({ reason: 'host_pid', message: `hostPID: any process on the node running as the sidecar's ${uid} can read its key files through /proc/<pid>/root` })
+  return warnings
 }
 
 /** JSON Pointer escaping (RFC 6901) of one path segment. */

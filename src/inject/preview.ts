@@ -9,8 +9,14 @@ import { answerReview, type InjectSettings, type PatchOperation } from './patch.
 
 type Json = Record<string, unknown>
 
+/** Printed, but a pod that asks for the sidecar is admitted without it (hostNetwork): what a pipeline should notice. */
+export const NOT_INJECTED = 2
+
 export interface Preview {
-  /** 0: printed (injected or, with a note, unchanged); 1: refused (nothing printed); 65: not JSON, or nothing the webhook can read. */
+  /**
+   * 0: printed (injected or, with a note, unchanged); 2 (NOT_INJECTED): printed, but a pod that asks for the sidecar
+   * will not get it; 1: refused (nothing printed); 65: not JSON, or nothing the webhook can read. A list: the worst of its items.
+   */
   readonly code: number
   readonly stdout: string
   readonly note: string
@@ -38,7 +44,7 @@ const NOT_JSON = 'stdin must be JSON: a Pod, a workload, a List or an array of t
   'From YAML: kubectl create --dry-run=client -o json -f FILE (kubectl asks a cluster what the kinds are), or yq ea -o=json \'[.]\' FILE'
 
 /** One object's outcome: the object to print, or why it cannot be. */
-type One = { readonly ok: true, readonly object: unknown, readonly note: string } | { readonly ok: false, readonly code: number, readonly note: string }
+type One = { readonly ok: true, readonly code: 0 | typeof NOT_INJECTED, readonly object: unknown, readonly note: string } | { readonly ok: false, readonly code: number, readonly note: string }
 
 /** The pod the webhook would see in an object: itself (a Pod), its pod template, or none (another kind). */
 function podOf (object: unknown): { pod: Json, template: boolean } | undefined {
@@ -51,7 +57,7 @@ function podOf (object: unknown): { pod: Json, template: boolean } | undefined {
 
 function previewOne (object: unknown, settings: InjectSettings, label: string): One {
   const found = podOf(object)
-  if (found === undefined) return { ok: true, object, note: `${label}not a Pod or a workload with a pod template: unchanged` }
+  if (found === undefined) return { ok: true, code: 0, object, note: `${label}not a Pod or a workload with a pod template: unchanged` }
   const { pod, template } = found
   let answer
   try {
@@ -65,10 +71,13 @@ function previewOne (object: unknown, settings: InjectSettings, label: string): 
   }
   const { outcome } = answer
   if (outcome.kind === 'refused') return { ok: false, code: 1, note: `${label}refused: ${outcome.annotation}: ${outcome.message}` }
-  const patched = outcome.kind === 'injected' ? applyAdds(pod, outcome.patch) : pod
+  const patched = outcome.patch === undefined ? pod : applyAdds(pod, outcome.patch)
   const spec = (object as Json).spec as Json
   const result = template ? { ...object as Json, spec: { ...spec, template: { metadata: patched.metadata, spec: patched.spec } } } : patched
-  return { ok: true, object: result, note: label + (outcome.kind === 'injected' ? `injected (${settings.version})` : `not injected: ${outcome.reason}`) }
+  const warnings = (outcome.warnings ?? []).map(w => w.message)
+  if (outcome.kind === 'injected') return { ok: true, code: 0, object: result, note: `${label}injected (${settings.version})${warnings.map(w => `; warning: ${w}`).join('')}` }
+  const why = warnings.length === 0 ? outcome.reason : `${outcome.reason}: ${warnings.join('; ')}`
+  return { ok: true, code: outcome.reason === 'host_network' ? NOT_INJECTED : 0, object: result, note: `${label}not injected: ${why}` }
 }
 
 /** "Deployment/web: " for an item of a list. */
@@ -89,7 +98,7 @@ export function preview (input: string, settings: InjectSettings): Preview {
   if (list === undefined) {
     if (!isObject(parsed)) return { code: 65, stdout: '', note: NOT_JSON }
     const one = previewOne(parsed, settings, '')
-    return one.ok ? { code: 0, stdout: `${JSON.stringify(one.object, null, 2)}\n`, note: one.note } : { code: one.code, stdout: '', note: one.note }
+    return one.ok ? { code: one.code, stdout: `${JSON.stringify(one.object, null, 2)}\n`, note: one.note } : { code: one.code, stdout: '', note: one.note }
   }
   const results = list.map((item, i) => previewOne(item, settings, labelOf(item, i)))
   const notes = results.map(r => r.note).join('\ncos-auth-proxy: ')
@@ -97,5 +106,5 @@ export function preview (input: string, settings: InjectSettings): Preview {
   if (failed !== undefined) return { code: failed.code, stdout: '', note: notes }
   const items = results.map(r => r.ok ? r.object : undefined)
   const out = Array.isArray(parsed) ? items : { ...parsed as Json, items }
-  return { code: 0, stdout: `${JSON.stringify(out, null, 2)}\n`, note: notes }
+  return { code: Math.max(...results.map(r => r.code), 0), stdout: `${JSON.stringify(out, null, 2)}\n`, note: notes }
 }

@@ -229,8 +229,10 @@ export async function buildWebhookServer (opts: WebhookOptions): Promise<Fastify
     const req = (request.body as { request: { namespace?: unknown, name?: unknown, dryRun?: unknown } }).request
     // Strings only (the logger caps their length): anything else in a review is the sender's, not a name.
     const where = { uid: review.response.uid, namespace: stringOrNull(req.namespace), name: stringOrNull(req.name), dryRun: req.dryRun === true }
-    if (outcome.kind === 'injected') request.log.info({ ...where, version: current.version }, 'sidecar injected')
-    else if (outcome.kind === 'refused') request.log.warn({ ...where, annotation: outcome.annotation, problem: outcome.message }, 'pod refused: bad annotation')
+    const warnings = outcome.kind === 'refused' ? undefined : outcome.warnings?.map(w => w.message)
+    if (outcome.kind === 'injected') request.log.info({ ...where, version: current.version, warnings }, 'sidecar injected')
+    else if (outcome.kind === 'refused') request.log.warn({ ...where, annotation: outcome.annotation, problem: outcome.message }, 'pod refused')
+    else if (warnings !== undefined) request.log.warn({ ...where, reason: outcome.reason, warnings }, 'sidecar not injected')
     else request.log.debug({ ...where, reason: outcome.reason }, 'review skipped')
     void reply.send(review)
   })

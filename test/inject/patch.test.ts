@@ -102,7 +102,9 @@ t.test('a re-submitted injected pod is allowed without a patch (reinvocation cha
 t.test('a pod that carries the chart\'s sidecar already is left as is', async t => {
   const pod = chartPod('native')
   ;(pod.metadata as Json).annotations = { 'cos-auth-proxy.io/inject': 'true' }
-  t.same(inject(pod).outcome, { kind: 'skipped', reason: 'already_injected' })
+  const { outcome, review } = inject(pod)
+  t.match(outcome, { kind: 'skipped', reason: 'already_injected' })
+  t.equal(review.response.patch, undefined, 'no patch (unsafe-pods.test.ts: and the warning that says why)')
 })
 
 t.test('a pod without the annotation, a non-Pod, a DELETE and an UPDATE are allowed without a patch', async t => {
