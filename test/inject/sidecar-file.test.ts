@@ -200,3 +200,42 @@ t.test('`inject --print` previews a List (a multi-document file through kubectl)
   t.equal(refused.stdout, '', 'and nothing is printed')
   t.match(refused.stderr, /^cos-auth-proxy: Deployment\/loud: refused: cos-auth-proxy\.io\/log-level: must be one of/m)
 })
+
+// Issue 43: the preview says what the webhook does. A hostNetwork pod is printed as the webhook admits it
+// (only the annotation that says why) with exit 2, so a pipeline notices a pod that asks for the sidecar and
+// will not get it; a volume of the sidecar's names is refused (exit 1), where it printed "injected" and exit 0
+// a pod the API server then rejected for two volumes of one name.
+t.test('`inject --print` prints a hostNetwork pod without the sidecar and exits 2, and refuses a clashing volume with exit 1 instead of printing a pod the API server rejects', async t => {
+  const file = join(dir, 'print-unsafe.json')
+  writeFileSync(file, definition())
+  const settings = { COS_INJECT_SIDECAR_FILE: file, COS_INJECT_DEFAULT_SECRET: 'cos-credentials' }
+  const host = fixtureAppPod()
+  ;(host.spec as Json).hostNetwork = true
+  const r = await print(JSON.stringify(host), settings)
+  t.equal(r.code, 2, r.stderr)
+  t.equal(r.stderr, 'cos-auth-proxy: not injected: host_network: hostNetwork: the pod\'s 127.0.0.1 is the node\'s loopback, where every process on the node could use the sidecar\'s key\n')
+  const printed = JSON.parse(r.stdout) as { spec: Json, metadata: { annotations: Record<string, string> } }
+  t.same(printed.spec, host.spec, 'the pod as it came: no sidecar')
+  t.match(printed.metadata.annotations['cos-auth-proxy.io/not-injected'], /^hostNetwork: /, 'with the annotation the webhook adds')
+
+  const pod = fixtureAppPod()
+  const deployment = { apiVersion: 'apps/v1', kind: 'Deployment', metadata: { name: 'web' }, spec: { selector: {}, template: { metadata: pod.metadata, spec: pod.spec } } }
+  const agent = { ...deployment, metadata: { name: 'agent' }, spec: { ...deployment.spec, template: { metadata: pod.metadata, spec: { ...pod.spec as Json, hostNetwork: true } } } }
+  const list = await print(JSON.stringify([deployment, agent]), settings)
+  t.equal(list.code, 2, 'a list with one such pod: printed, exit 2')
+  t.equal((JSON.parse(list.stdout) as unknown[]).length, 2)
+  t.match(list.stderr, /^cos-auth-proxy: Deployment\/web: injected \(.*\)\ncos-auth-proxy: Deployment\/agent: not injected: host_network: hostNetwork: /)
+
+  const clash = fixtureAppPod()
+  ;(clash.spec as Json).volumes = [{ name: 'cos-auth-proxy-no-api-token', emptyDir: {} }]
+  const refused = await print(JSON.stringify(clash), settings)
+  t.equal(refused.code, 1)
+  t.equal(refused.stdout, '', 'nothing printed')
+  t.match(refused.stderr, /^cos-auth-proxy: refused: cos-auth-proxy\.io\/inject: cannot inject: the pod has a volume named "cos-auth-proxy-no-api-token" already/)
+
+  const shared = fixtureAppPod()
+  ;(shared.spec as Json).shareProcessNamespace = true
+  const warned = await print(JSON.stringify(shared), settings)
+  t.equal(warned.code, 0, 'shareProcessNamespace: injected')
+  t.match(warned.stderr, /^cos-auth-proxy: injected \(0\.1\.0-[0-9a-f]{12}\); warning: shareProcessNamespace: a container running as the sidecar's uid 65532 can read its key files/)
+})

@@ -29,9 +29,9 @@ function certDir (pki: Pki): { dir: string, certFile: string, keyFile: string } 
   return files
 }
 
-async function startWebhook (t: Test, files: { certFile: string, keyFile: string }): Promise<{ port: number, metrics: InjectMetrics }> {
+async function startWebhook (t: Test, files: { certFile: string, keyFile: string }, logger = pino({ level: 'silent' })): Promise<{ port: number, metrics: InjectMetrics }> {
   const metrics = new InjectMetrics({ defaultMetrics: false })
-  const app = await buildWebhookServer({ settings: () => EXAMPLE_SETTINGS, tls: files, metrics, logger: pino({ level: 'silent' }), certificateCheckMs: 25 })
+  const app = await buildWebhookServer({ settings: () => EXAMPLE_SETTINGS, tls: files, metrics, logger, certificateCheckMs: 25 })
   await app.listen({ host: '127.0.0.1', port: 0 })
   t.teardown(() => app.close())
   const address = app.server.address()
@@ -56,10 +56,12 @@ function post (port: number, ca: string, body: string, path = '/mutate'): Promis
   })
 }
 
-async function postReview (port: number, ca: string, review: Json): Promise<{ response: { uid: string, allowed: boolean, patchType?: string, patch?: string, status?: { message: string } } }> {
+interface Response { uid: string, allowed: boolean, patchType?: string, patch?: string, status?: { message: string }, warnings?: string[] }
+
+async function postReview (port: number, ca: string, review: Json): Promise<{ response: Response }> {
   const r = await post(port, ca, JSON.stringify(review))
   if (r.status !== 200) throw new Error(`status ${r.status}: ${r.body}`)
-  return JSON.parse(r.body) as { response: { uid: string, allowed: boolean, patch?: string, status?: { message: string } } }
+  return JSON.parse(r.body) as { response: Response }
 }
 
 t.test('a review over HTTPS gets a JSONPatch that yields a valid Pod with the chart\'s sidecar', async t => {
@@ -82,6 +84,46 @@ t.test('a review over HTTPS gets a JSONPatch that yields a valid Pod with the ch
   t.match(text, /^cos_auth_proxy_inject_injected_total 1$/m)
   t.match(text, /^cos_auth_proxy_inject_skipped_total\{reason="already_injected"\} 1$/m)
   t.match(text, /^cos_auth_proxy_inject_refused_total\{annotation="cos-auth-proxy.io\/cpu"\} 1$/m)
+})
+
+// Issue 43, findings 4 and 6, through the real listener: what the API server gets back, and what the operator sees.
+t.test('over HTTPS a hostNetwork pod gets no sidecar (the node\'s loopback is not the pod\'s) and a clashing volume is refused: answer, metrics, log', async t => {
+  const files = certDir(first)
+  t.teardown(() => rmSync(files.dir, { recursive: true, force: true }))
+  const lines: Json[] = []
+  const logger = pino({ level: 'info' }, { write: (line: string) => { lines.push(JSON.parse(line) as Json) } })
+  const { port, metrics } = await startWebhook(t, files, logger)
+
+  const host = appPod()
+  ;(host.spec as Json).hostNetwork = true
+  const skipped = await postReview(port, first.ca, podReview(host))
+  t.equal(skipped.response.allowed, true)
+  t.match(skipped.response.warnings, [/^cos-auth-proxy: no sidecar injected: hostNetwork: the pod's 127\.0\.0\.1 is the node's loopback/])
+  const { spec, annotations } = applyResponsePatch(host, skipped.response)
+  t.same(spec, host.spec, 'no sidecar, no volume, no variable')
+  t.match(annotations['cos-auth-proxy.io/not-injected'], /^hostNetwork: /)
+
+  const clash = appPod()
+  ;(clash.spec as Json).volumes = [{ name: 'cos-auth-proxy-credentials', emptyDir: {} }]
+  const refused = await postReview(port, first.ca, podReview(clash))
+  t.equal(refused.response.allowed, false)
+  t.match(refused.response.status?.message, /^cos-auth-proxy\.io\/inject: cannot inject: the pod has a volume named "cos-auth-proxy-credentials" already/)
+
+  const shared = appPod()
+  ;(shared.spec as Json).shareProcessNamespace = true
+  const injected = await postReview(port, first.ca, podReview(shared))
+  t.ok(injected.response.patch, 'shareProcessNamespace: injected')
+  t.match(injected.response.warnings, [/^cos-auth-proxy: shareProcessNamespace: /])
+
+  const text = await metrics.text()
+  t.match(text, /^cos_auth_proxy_inject_skipped_total\{reason="host_network"\} 1$/m)
+  t.match(text, /^cos_auth_proxy_inject_warnings_total\{reason="host_network"\} 1$/m)
+  t.match(text, /^cos_auth_proxy_inject_warnings_total\{reason="share_process_namespace"\} 1$/m)
+  t.match(text, /^cos_auth_proxy_inject_refused_total\{annotation="cos-auth-proxy.io\/inject"\} 1$/m)
+  t.match(text, /^cos_auth_proxy_inject_injected_total 1$/m)
+  t.match(lines.find(l => l.msg === 'sidecar not injected'), { level: 40, reason: 'host_network', namespace: 'apps', warnings: [/^hostNetwork: /] }, 'a warn line says which pod and why')
+  t.match(lines.find(l => l.msg === 'pod refused'), { level: 40, annotation: 'cos-auth-proxy.io/inject', problem: /volume named "cos-auth-proxy-credentials"/ })
+  t.match(lines.find(l => l.msg === 'sidecar injected'), { level: 30, warnings: [/^shareProcessNamespace: /] })
 })
 
 t.test('a malformed review is a 400 JSON error, never a crash, and the next review is answered', async t => {

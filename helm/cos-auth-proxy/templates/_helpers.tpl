@@ -14,6 +14,10 @@ Public, for a parent chart that runs the proxy as a sidecar in its own pods
   cos-auth-proxy.sidecar.url          http://127.0.0.1:<port>, for the app
   cos-auth-proxy.terminationGracePeriodSeconds
                                       seconds the proxy's drain needs
+  cos-auth-proxy.sidecar.checkPod     renders nothing; fails the render for a
+                                      pod the sidecar must not run in. Called
+                                      with (dict "hostNetwork" <the pod's>): this
+                                      chart cannot see the parent's pod spec
 
 Everything else here is internal.
 */}}
@@ -403,6 +407,18 @@ terminationMessagePolicy: FallbackToLogsOnError
 
 {{- define "cos-auth-proxy.sidecar.native" -}}
 {{- if .Values.sidecar.native }}true{{ end -}}
+{{- end -}}
+
+{{/*
+With hostNetwork the pod's 127.0.0.1 is the node's loopback: every process on
+the node, and every other hostNetwork pod, could use the key pair through the
+proxy, and the admin port would bind the node's addresses. The injector
+declines such pods for the same reason (docs/kubernetes.md).
+*/}}
+{{- define "cos-auth-proxy.sidecar.checkPod" -}}
+{{- if .hostNetwork -}}
+{{- fail "cos-auth-proxy: the sidecar cannot run in a hostNetwork pod: its 127.0.0.1 would be the node's loopback, where every process on the node could use the key pair, and its admin port would bind the node's addresses. Run the proxy standalone (mode=deployment) for such pods" -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "cos-auth-proxy.sidecar.url" -}}

@@ -49,6 +49,17 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if ne (not $v.injector.tls.existingSecret) (not $v.injector.tls.caBundle) -}}
 {{- fail "cos-auth-proxy: injector.tls.existingSecret and injector.tls.caBundle go together (the Secret's certificate, and the CA that signed it, base64 PEM, for the webhook configuration)" -}}
 {{- end -}}
+{{- with $v.injector.tls.caBundle -}}
+{{- /* The schema holds it to base64; what it decodes to is checked here, never quoted: the API server
+would store anything and then fail every call to the webhook with an x509 error. */ -}}
+{{- $pem := b64dec . | trim -}}
+{{- if contains "PRIVATE KEY" $pem -}}
+{{- fail "cos-auth-proxy: injector.tls.caBundle holds a private key: only the CA's certificate goes there (the webhook configuration is readable by anyone who can list it)" -}}
+{{- end -}}
+{{- if not (and (hasPrefix "-----BEGIN CERTIFICATE-----" $pem) (hasSuffix "-----END CERTIFICATE-----" $pem)) -}}
+{{- fail "cos-auth-proxy: injector.tls.caBundle must be the base64 of the PEM CA certificate (-----BEGIN CERTIFICATE----- … -----END CERTIFICATE-----), e.g. base64 -w0 ca.crt; it decodes to something else" -}}
+{{- end -}}
+{{- end -}}
 {{- if eq (int $v.proxy.port) (int $v.admin.port) -}}
 {{- fail "cos-auth-proxy: proxy.port and admin.port must differ" -}}
 {{- end -}}
