@@ -8,9 +8,9 @@ import { execFileSync } from 'node:child_process'
 import { readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import type { Helm } from './helm.js'
-import { get, isObject, list, ROOT, scratch, str, until, type Cluster, type Json } from './kube.js'
+import { get, isObject, list, ROOT, run, scratch, str, until, type Cluster, type Json } from './kube.js'
 import { contains, equal, ok, section } from './report.js'
-import { printInjected, Webhook, WebhookFiles } from './webhook.js'
+import { CLI, printInjected, Webhook, WebhookFiles } from './webhook.js'
 
 export const CHART = join(ROOT, 'helm', 'cos-auth-proxy')
 export const NS = 'cos-system'
@@ -201,6 +201,29 @@ async function notTwice (x: Context): Promise<void> {
   equal([get(stored2, 'spec', 'initContainers'), list(stored2, 'spec', 'containers').length], [undefined, 2], 'a pod with its own cos-auth-proxy container gets no second one')
 }
 
+// Issue 43, findings 4 and 6: what the API server makes of the webhook's answers.
+async function declinesAndRefuses (x: Context): Promise<void> {
+  const app = [{ name: 'app', image: 'registry.example.com/app:1.0.0' }]
+  const onHost = { apiVersion: 'v1', kind: 'Pod', metadata: { name: 'on-host', annotations: { [INJECT]: 'true' } }, spec: { hostNetwork: true, containers: app } }
+  const r = await x.c.call('POST', '/api/v1/namespaces/apps/pods', onHost)
+  equal(r.status, 201, 'a hostNetwork pod asking for the sidecar is admitted')
+  equal([get(r.body, 'spec', 'initContainers'), list(r.body, 'spec', 'containers').map(k => k.name)], [undefined, ['app']], 'without the sidecar: the node\'s loopback is not the pod\'s')
+  const why = str(r.body, 'metadata', 'annotations', 'cos-auth-proxy.io/not-injected') ?? ''
+  ok(why.startsWith('hostNetwork: the pod\'s 127.0.0.1 is the node\'s loopback'), `cos-auth-proxy.io/not-injected says why (${why})`)
+  const warning = r.headers.warning ?? ''
+  ok(warning.includes('cos-auth-proxy: no sidecar injected: hostNetwork: '), `the API server passes the webhook's warning on to the client (${warning})`)
+  const printed = await run(process.execPath, [CLI, 'inject', '--print'], { env: { PATH: process.env.PATH, ...x.env }, input: JSON.stringify(onHost), timeoutMs: 30_000 })
+  equal(printed.code, 2, `inject --print exits 2 for it (${printed.stderr.trim()})`)
+  ok(x.webhook.lines('sidecar not injected').some(l => l.reason === 'host_network' && l.namespace === 'apps'), 'the webhook logged it (warn, reason host_network)', x.webhook.log.slice(-2000))
+
+  const clash = { apiVersion: 'v1', kind: 'Pod', metadata: { name: 'clash', annotations: { [INJECT]: 'true' } }, spec: { containers: app, volumes: [{ name: 'cos-auth-proxy-credentials', emptyDir: {} }] } }
+  const c = await x.c.call('POST', '/api/v1/namespaces/apps/pods', clash)
+  equal([c.status, str(c.body, 'message')], [400, `admission webhook "${WEBHOOK}" denied the request: cos-auth-proxy.io/inject: cannot inject: the pod has a volume named "cos-auth-proxy-credentials" already, ` +
+    'and the sidecar adds its own of that name (the API server would refuse the pod). If the pod carries the chart\'s sidecar (cos-auth-proxy.sidecar.volumes), remove this annotation; else rename the volume'],
+  'a pod with a volume of the sidecar\'s name: refused, the message naming the clash')
+  equal(await x.c.find('/api/v1/namespaces/apps/pods/clash'), undefined, 'and nothing stored')
+}
+
 async function refusesAndDryRuns (x: Context): Promise<void> {
   const bad = { apiVersion: 'v1', kind: 'Pod', metadata: { name: 'bad', annotations: { [INJECT]: 'true', 'cos-auth-proxy.io/memory': '128MB' } }, spec: { containers: [{ name: 'app', image: 'registry.example.com/app:1.0.0' }] } }
   const r = await x.c.call('POST', '/api/v1/namespaces/apps/pods', bad)
@@ -225,6 +248,7 @@ export async function injection (c: Cluster, helm: Helm, rest: (x: Context) => P
     await section('injector: a Deployment in a labelled namespace gets the sidecar inject --print shows', () => injectsDeployments(x))
     await section('injector: unlabelled namespaces and the webhook\'s own pods are untouched', () => leavesOthers(x))
     await section('injector: no double injection', () => notTwice(x))
+    await section('injector: a hostNetwork pod admitted without the sidecar, a clashing volume refused', () => declinesAndRefuses(x))
     await section('injector: a bad annotation refused, a dry run patched', () => refusesAndDryRuns(x))
     await rest(x)
   } finally {

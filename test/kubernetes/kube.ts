@@ -5,6 +5,7 @@ import { execFile, spawnSync, type ChildProcess } from 'node:child_process'
 import { mkdtempSync, readFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { request } from 'node:https'
+import type { IncomingHttpHeaders } from 'node:http'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 
@@ -50,7 +51,7 @@ export async function until<T> (what: string, ms: number, probe: () => Promise<T
   }
 }
 
-export interface Reply { readonly status: number, readonly body: unknown, readonly text: string }
+export interface Reply { readonly status: number, readonly body: unknown, readonly text: string, readonly headers: IncomingHttpHeaders }
 
 export class Cluster {
   readonly url: string
@@ -86,7 +87,7 @@ export class Cluster {
           const text = Buffer.concat(chunks).toString()
           let parsed: unknown = text
           try { parsed = JSON.parse(text) } catch { /* metrics and other text bodies */ }
-          resolve({ status: res.statusCode ?? 0, body: parsed, text })
+          resolve({ status: res.statusCode ?? 0, body: parsed, text, headers: res.headers })
         })
         res.on('error', reject)
       })
