@@ -215,6 +215,9 @@ async function declinesAndRefuses (x: Context): Promise<void> {
   const printed = await run(process.execPath, [CLI, 'inject', '--print'], { env: { PATH: process.env.PATH, ...x.env }, input: JSON.stringify(onHost), timeoutMs: 30_000 })
   equal(printed.code, 2, `inject --print exits 2 for it (${printed.stderr.trim()})`)
   ok(x.webhook.lines('sidecar not injected').some(l => l.reason === 'host_network' && l.namespace === 'apps'), 'the webhook logged it (warn, reason host_network)', x.webhook.log.slice(-2000))
+  // Gone before failures.ts counts the labelled namespace's pods that run without the sidecar (it would be one).
+  await x.c.remove('/api/v1/namespaces/apps/pods/on-host?gracePeriodSeconds=0')
+  await until('pod on-host deleted', 30_000, async () => await x.c.find('/api/v1/namespaces/apps/pods/on-host') === undefined ? true : undefined)
 
   const clash = { apiVersion: 'v1', kind: 'Pod', metadata: { name: 'clash', annotations: { [INJECT]: 'true' } }, spec: { containers: app, volumes: [{ name: 'cos-auth-proxy-credentials', emptyDir: {} }] } }
   const c = await x.c.call('POST', '/api/v1/namespaces/apps/pods', clash)
