@@ -7,8 +7,11 @@ import type { IncomingMessage, ServerResponse } from 'node:http'
 import { createServer, type Server as HttpsServer, type ServerOptions } from 'node:https'
 import type { Socket } from 'node:net'
 import { performance } from 'node:perf_hooks'
-import { Transform, type TransformCallback } from 'node:stream'
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
+import { ByteBudget, limitAnswersInFlight, limitBodiesInFlight } from '../client/bytes-in-flight.js'
+import { sendError } from '../proxy/errors.js'
+import { ANNOTATIONS, DEFAULT_ENV_NAME } from './annotations.js'
+import type { InjectMetrics } from './metrics.js'
 
 export interface WebhookLimits {
   /** Connections open at once; at the cap a newcomer displaces the stalest (capConnections). */
@@ -17,6 +20,10 @@ export interface WebhookLimits {
   readonly maxPipelined: number
   /** Bytes of request bodies received and not yet answered, all connections together. */
   readonly bodyBytesInFlight: number
+  /** The patch in one answer, base64 as sent: a pod whose patch would be larger is denied (answerBound). */
+  readonly patchBytes: number
+  /** Bytes of answers written and not yet taken by the socket (unread), all connections together. */
+  readonly answerBytesInFlight: number
   /** For a request's headers to arrive, and for the TLS handshake before them. */
   readonly headersTimeoutMs: number
   /** For the whole request, body included. */
@@ -29,11 +36,24 @@ export interface WebhookLimits {
  * client) never pipelines, and each request waiting behind an unread answer
  * holds its objects in the heap. 16 MiB: five reviews of the
  * largest size at once (3 MiB, the API server's own limit), hundreds of
- * ordinary ones (a few KiB). 10 s: the API server gives up on a webhook after
- * its timeoutSeconds (the chart's 5, 30 at most), so a request still arriving
- * after that only holds memory.
+ * ordinary ones (a few KiB). 256 KiB of patch: a real one is a few KiB (the
+ * sidecar, one env entry per container); 256 KiB is ~1,600 containers, and
+ * 128 connections each holding one such answer unread cost 7–9 MB of the
+ * kernel's socket buffers, which cgroup v2 charges to the pod (1 MiB: 36 MB).
+ * 4 MiB of unread answers: sixteen of the largest, a thousand ordinary ones
+ * (issue 43: eight unread answers of 15 MB took the process to 360 MB). 10 s: the
+ * API server gives up on a webhook after its timeoutSeconds (the chart's 5,
+ * 30 at most), so a request still arriving after that only holds memory.
  */
-export const WEBHOOK_LIMITS: WebhookLimits = { maxConnections: 128, maxPipelined: 4, bodyBytesInFlight: 16 * 1024 * 1024, headersTimeoutMs: 10_000, requestTimeoutMs: 10_000 }
+export const WEBHOOK_LIMITS: WebhookLimits = {
+  maxConnections: 128,
+  maxPipelined: 4,
+  bodyBytesInFlight: 16 * 1024 * 1024,
+  patchBytes: 256 * 1024,
+  answerBytesInFlight: 4 * 1024 * 1024,
+  headersTimeoutMs: 10_000,
+  requestTimeoutMs: 10_000,
+}
 
 /**
  * The webhook's HTTPS server, made here (Fastify's serverFactory) so that
@@ -166,134 +186,71 @@ function close (socket: Socket, connection: Connection | undefined): void {
   socket.destroy()
 }
 
-// --- Bodies in flight
+// --- Bytes in flight
 
-/** The bytes of request bodies in flight, all connections together. */
-export class BodyBudget {
-  #inFlight = 0
-
-  constructor (readonly limit: number) {}
-
-  get inFlight (): number { return this.#inFlight }
-
-  /** Counts `bytes` when they fit in what is left; false (nothing counted) when not. */
-  take (bytes: number): boolean {
-    if (this.#inFlight + bytes > this.limit) return false
-    this.#inFlight += bytes
-    return true
-  }
-
-  give (bytes: number): void { this.#inFlight -= bytes }
-}
-
-/** A chunked body that outgrew what was left of the budget: refused by the error handler. */
-export class BudgetExceeded extends Error {
-  readonly statusCode = 503
-}
-
-/** One request's share of the budget, given back once, whichever way the request ends. */
-class Share {
-  bytes = 0
-  #given = false
-
-  constructor (private readonly budget: BodyBudget, private readonly onSocket: Set<Share>) {}
-
-  get given (): boolean { return this.#given }
-
-  take (bytes: number): boolean {
-    if (this.#given || !this.budget.take(bytes)) return false
-    this.bytes += bytes
-    return true
-  }
-
-  readonly give = (): void => {
-    if (this.#given) return
-    this.#given = true
-    this.onSocket.delete(this)
-    this.budget.give(this.bytes)
-    this.bytes = 0
-  }
-}
-
-const SHARES = Symbol('cos-auth-proxy.bodyShares')
-type WithShares = IncomingMessage['socket'] & { [SHARES]?: Set<Share> }
-
-/** A share for this request, given back when its response closes or its connection does (a pipelined response may never close). */
-function shareOf (budget: BodyBudget, req: IncomingMessage, res: ServerResponse): Share {
-  const socket = req.socket as WithShares
-  let shares = socket[SHARES]
-  if (shares === undefined) {
-    const set = new Set<Share>()
-    shares = set
-    socket[SHARES] = set
-    socket.once('close', () => { for (const share of set) share.give() })
-  }
-  const share = new Share(budget, shares)
-  shares.add(share)
-  res.once('close', share.give)
-  return share
-}
-
-const SHARE = Symbol('cos-auth-proxy.bodyShare')
-type WithShare = IncomingMessage & { [SHARE]?: Share }
-
-/** Counts a chunked body as it arrives; errors (BudgetExceeded) at the first chunk that does not fit. */
-class Counted extends Transform {
-  constructor (private readonly share: Share) {
-    super()
-    // Fastify's reader takes the errors while it reads; once it has stopped (an answer sent), nobody waits for them.
-    this.on('error', () => { /* see above */ })
-  }
-
-  override _transform (chunk: Buffer, _encoding: BufferEncoding, callback: TransformCallback): void {
-    // Answered already: what still arrives is read to be dropped.
-    if (this.share.given) callback()
-    else if (this.share.take(chunk.length)) callback(null, chunk)
-    else callback(new BudgetExceeded('the bodies in flight would exceed the budget'))
-  }
+export interface Budgets {
+  /** Request bodies received and not answered (limits.bodyBytesInFlight). */
+  readonly bodies: ByteBudget
+  /** Answers written and not yet read (limits.answerBytesInFlight). */
+  readonly answers: ByteBudget
 }
 
 /**
- * Bodies in flight bounded by `budget`: a declared Content-Length is taken
- * before the body is read, and a request it does not fit is refused at once
- * (`refuse`: 503, Connection: close); a chunked body is taken as it arrives
- * (BudgetExceeded through the error handler). Given back when the answer is
- * sent (the parsed review is dropped with it), or the response or connection
- * closes: answered, refused, timed out or reset.
+ * Both budgets on the listener (src/client/bytes-in-flight.ts), each with
+ * its metric and log line: a body that does not fit is refused 503
+ * webhook_busy with Connection: close (the refusal is returned, for a chunked
+ * body's BudgetExceeded); an answer that does not fit closes the connections
+ * holding the oldest unread answers.
  */
-export function limitBodiesInFlight (app: FastifyInstance<HttpsServer>, budget: BodyBudget, bodyLimit: number, refuse: (request: FastifyRequest, reply: FastifyReply, declared: number) => void): void {
-  app.addHook('onRequest', (request, reply, done) => {
-    const declared = Number(request.headers['content-length'] ?? 0)
-    // Over the body limit: Fastify answers 413 without reading it.
-    if (declared === 0 || declared > bodyLimit) {
-      done()
-      return
-    }
-    const share = shareOf(budget, request.raw, reply.raw)
-    ;(request.raw as WithShare)[SHARE] = share
-    if (!share.take(declared)) {
-      share.give()
-      refuse(request, reply, declared)
-      return
-    }
-    done()
+export function limitInFlight (app: FastifyInstance<HttpsServer>, budgets: Budgets, bodyLimit: number, metrics: InjectMetrics): (request: FastifyRequest, reply: FastifyReply, declared: number) => void {
+  const { bodies, answers } = budgets
+  const refuse = (request: FastifyRequest, reply: FastifyReply, declared: number): void => {
+    metrics.error('busy')
+    const message = `the webhook holds ${bodies.inFlight} bytes of other reviews' bodies; ${declared === 0 ? 'this chunked one' : `this one's ${declared}`} would pass its bound of ${bodies.limit}: try again`
+    request.log.warn({ problem: message }, 'admission review refused: bodies in flight')
+    void reply.header('connection', 'close').header('retry-after', '1')
+    sendError(reply, 503, 'webhook_busy', message)
+  }
+  limitBodiesInFlight(app, bodies, bodyLimit, refuse)
+  limitAnswersInFlight(app, answers, (request, cut) => {
+    metrics.unreadAnswersCut()
+    request.log.warn({ ...cut, inFlight: answers.inFlight, bound: answers.limit }, 'connection closed: its answers were not read and the unread answers were at their bound')
   })
-  app.addHook('preParsing', (request, reply, payload, done) => {
-    if (request.headers['content-length'] !== undefined || request.headers['transfer-encoding'] === undefined) {
-      done(null, payload)
-      return
-    }
-    const share = shareOf(budget, request.raw, reply.raw)
-    ;(request.raw as WithShare)[SHARE] = share
-    const counted = new Counted(share)
-    // pipe() passes no error on: a client gone mid-body must end Fastify's read too.
-    payload.once('error', (err: Error) => { counted.destroy(err) })
-    done(null, payload.pipe(counted))
-  })
-  app.addHook('onSend', (request, _reply, payload, done) => {
-    (request.raw as WithShare)[SHARE]?.give()
-    // The review is answered: what it parsed to must not wait for a client that does not read.
-    request.body = undefined
-    done(null, payload)
-  })
+  return refuse
+}
+
+// --- One review's answer
+
+function field (v: unknown, key: string): unknown {
+  return typeof v === 'object' && v !== null && !Array.isArray(v) ? (v as Record<string, unknown>)[key] : undefined
+}
+
+function lengthOf (v: unknown): number {
+  return Array.isArray(v) ? v.length : 0
+}
+
+/** One env operation (patch.ts) at its largest but for the variable's name, with its comma. */
+const ENV_OPERATION = JSON.stringify({ op: 'add', path: '/spec/initContainers/99999/env', value: [{ name: '', value: 'http://127.0.0.1:65535' }] }).length + 1
+
+/**
+ * What grows with the pod in its patch, read from the review before any of
+ * it is built: one env operation per container and init container, each
+ * naming the variable (the env annotation's value, whose length nothing else
+ * bounds), base64 as sent. Zero for a review without a pod's containers.
+ */
+export function envPatchEstimate (body: unknown): { readonly containers: number, readonly bytes: number } {
+  const object = field(field(body, 'request'), 'object')
+  const spec = field(object, 'spec')
+  const containers = lengthOf(field(spec, 'containers')) + lengthOf(field(spec, 'initContainers'))
+  const env = field(field(field(object, 'metadata'), 'annotations'), ANNOTATIONS.env)
+  const name = typeof env === 'string' ? env.length : DEFAULT_ENV_NAME.length
+  return { containers, bytes: Math.ceil(containers * (ENV_OPERATION + name) / 3) * 4 }
+}
+
+/** The review with its pod's container lists emptied: decided as the real one (inject or not), its patch never large. */
+export function withoutContainers (body: unknown): unknown {
+  const request = field(body, 'request') as Record<string, unknown>
+  const object = request.object as Record<string, unknown>
+  const { initContainers: _, ...spec } = object.spec as Record<string, unknown>
+  return { ...(body as Record<string, unknown>), request: { ...request, object: { ...object, spec: { ...spec, containers: [] } } } }
 }

@@ -17,6 +17,8 @@ export class InjectMetrics {
   private readonly refused: Counter<'annotation'>
   private readonly warnings: Counter<'reason'>
   private readonly errors: Counter<'kind'>
+  private readonly tooLarge: Counter
+  private readonly cut: Counter
   private readonly reloads: Counter<'result'>
   private readonly sidecarReloads: Counter<'result'>
   private readonly definition: Gauge<'version'>
@@ -28,6 +30,8 @@ export class InjectMetrics {
     this.refused = new Counter({ name: `${PREFIX}refused_total`, help: 'Pods denied for a bad annotation value, by annotation; cos-auth-proxy.io/inject: the pod cannot take the sidecar (a volume of one of its names).', labelNames: ['annotation'], registers })
     this.warnings = new Counter({ name: `${PREFIX}warnings_total`, help: 'Warnings returned with a review (kubectl shows them), by reason: host_network, has_sidecar, share_process_namespace, host_pid.', labelNames: ['reason'], registers })
     this.errors = new Counter({ name: `${PREFIX}errors_total`, help: 'Requests to /mutate answered with an error: malformed (400, 413), internal (500) or busy (503: the bodies in flight are at their bound).', labelNames: ['kind'], registers })
+    this.tooLarge = new Counter({ name: `${PREFIX}patch_too_large_total`, help: 'Pods denied because their patch would pass the bound of one answer (256 KiB: thousands of containers, or a very long env annotation).', registers })
+    this.cut = new Counter({ name: `${PREFIX}unread_answers_cut_total`, help: 'Connections closed to make room for a new answer: the answers written and not read by their clients were at their bound (4 MiB).', registers })
     this.reloads = new Counter({ name: `${PREFIX}certificate_reloads_total`, help: 'Serving certificate changes on disk: applied, or rejected (unreadable or not a matching pair; the previous one stays).', labelNames: ['result'], registers })
     this.sidecarReloads = new Counter({ name: `${PREFIX}sidecar_reloads_total`, help: 'Sidecar definition (COS_INJECT_SIDECAR_FILE) changes on disk: applied, or rejected (not valid JSON or fails the checks; the previous one stays).', labelNames: ['result'], registers })
     this.definition = new Gauge({ name: `${PREFIX}sidecar_definition_info`, help: 'The definition injected now: version is the value new pods get in the cos-auth-proxy.io/injected-version annotation; running pods with another value have an out-of-date sidecar.', labelNames: ['version'], registers })
@@ -36,6 +40,8 @@ export class InjectMetrics {
       this.sidecarReloads.inc({ result }, 0)
     }
     this.injected.inc(0)
+    this.tooLarge.inc(0)
+    this.cut.inc(0)
     if (opts.defaultMetrics ?? true) collectDefaultMetrics({ register: this.registry })
   }
 
@@ -48,6 +54,14 @@ export class InjectMetrics {
 
   error (kind: ErrorKind): void {
     this.errors.inc({ kind })
+  }
+
+  patchTooLarge (): void {
+    this.tooLarge.inc()
+  }
+
+  unreadAnswersCut (): void {
+    this.cut.inc()
   }
 
   certificateReload (result: Reload): void {

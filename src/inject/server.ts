@@ -5,11 +5,12 @@ import { createHash } from 'node:crypto'
 import { readFile } from 'node:fs/promises'
 import type { Server as HttpsServer } from 'node:https'
 import { createSecureContext } from 'node:tls'
-import Fastify, { LogController, type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify'
+import Fastify, { LogController, type FastifyBaseLogger, type FastifyError, type FastifyInstance } from 'fastify'
+import { BudgetExceeded, ByteBudget } from '../client/bytes-in-flight.js'
 import { sendError } from '../proxy/errors.js'
-import { BodyBudget, BudgetExceeded, limitBodiesInFlight, WEBHOOK_LIMITS, webhookServer, type WebhookLimits } from './limits.js'
+import { envPatchEstimate, limitInFlight, WEBHOOK_LIMITS, webhookServer, withoutContainers, type Budgets, type WebhookLimits } from './limits.js'
 import type { InjectMetrics } from './metrics.js'
-import { answerReview, MalformedReview, type InjectSettings } from './patch.js'
+import { answerReview, MalformedReview, type InjectSettings, type ReviewAnswer } from './patch.js'
 
 export interface CertificateFiles { readonly certFile: string, readonly keyFile: string }
 
@@ -23,8 +24,8 @@ export interface WebhookOptions {
   readonly certificateCheckMs?: number
   /** WEBHOOK_LIMITS where not given. */
   readonly limits?: Partial<WebhookLimits>
-  /** The bodies in flight (a test reads it); one of limits.bodyBytesInFlight where not given. */
-  readonly budget?: BodyBudget
+  /** The bodies and answers in flight (a test reads them); of limits.*BytesInFlight where not given. */
+  readonly budgets?: Partial<Budgets>
 }
 
 /**
@@ -150,15 +151,11 @@ export async function buildWebhookServer (opts: WebhookOptions): Promise<Fastify
     })(),
   })
 
-  const budget = opts.budget ?? new BodyBudget(limits.bodyBytesInFlight)
-  const refuse = (request: FastifyRequest, reply: FastifyReply, declared: number): void => {
-    metrics.error('busy')
-    const message = `the webhook holds ${budget.inFlight} bytes of other reviews' bodies; ${declared === 0 ? 'this chunked one' : `this one's ${declared}`} would pass its bound of ${budget.limit}: try again`
-    request.log.warn({ problem: message }, 'admission review refused: bodies in flight')
-    void reply.header('connection', 'close').header('retry-after', '1')
-    sendError(reply, 503, 'webhook_busy', message)
+  const budgets = {
+    bodies: opts.budgets?.bodies ?? new ByteBudget(limits.bodyBytesInFlight),
+    answers: opts.budgets?.answers ?? new ByteBudget(limits.answerBytesInFlight),
   }
-  limitBodiesInFlight(app, budget, REVIEW_LIMITS.bodyBytes, refuse)
+  const refuse = limitInFlight(app, budgets, REVIEW_LIMITS.bodyBytes, metrics)
 
   // JSON as Fastify parses it (secure-json-parse: no __proto__ or constructor.prototype
   // keys), after the shape check: JSON.parse never sees a body that would make it build
@@ -213,10 +210,14 @@ export async function buildWebhookServer (opts: WebhookOptions): Promise<Fastify
   })
 
   app.post('/mutate', (request, reply) => {
-    let answer
+    let answer: ReviewAnswer
     const current = settings()
+    // One env operation per container is what grows (issue 43): a pod whose operations alone would
+    // pass the bound is decided without its containers, so its patch is never built.
+    const estimate = envPatchEstimate(request.body)
+    const over = estimate.bytes > limits.patchBytes
     try {
-      answer = answerReview(request.body, current)
+      answer = answerReview(over ? withoutContainers(request.body) : request.body, current)
     } catch (err) {
       if (!(err instanceof MalformedReview)) throw err
       metrics.error('malformed')
@@ -225,10 +226,18 @@ export async function buildWebhookServer (opts: WebhookOptions): Promise<Fastify
       return
     }
     const { outcome, review } = answer
-    metrics.outcome(outcome)
     const req = (request.body as { request: { namespace?: unknown, name?: unknown, dryRun?: unknown } }).request
     // Strings only (the logger caps their length): anything else in a review is the sender's, not a name.
     const where = { uid: review.response.uid, namespace: stringOrNull(req.namespace), name: stringOrNull(req.name), dryRun: req.dryRun === true }
+    const patchBytes = over ? estimate.bytes : review.response.patch?.length ?? 0
+    if (outcome.kind === 'injected' && patchBytes > limits.patchBytes) {
+      metrics.patchTooLarge()
+      const message = `${over ? 'would be' : 'is'} ${patchBytes} bytes (${estimate.containers} containers and init containers), over the webhook's bound of ${limits.patchBytes} for one answer: no real pod comes near it`
+      request.log.warn({ ...where, containers: estimate.containers, patchBytes, bound: limits.patchBytes }, 'pod refused: its patch would pass the bound of one answer')
+      void reply.send({ ...review, response: { uid: review.response.uid, allowed: false, status: { code: 400, message: `the patch that injects the sidecar ${message}` } } })
+      return
+    }
+    metrics.outcome(outcome)
     const warnings = outcome.kind === 'refused' ? undefined : outcome.warnings?.map(w => w.message)
     if (outcome.kind === 'injected') request.log.info({ ...where, version: current.version, warnings }, 'sidecar injected')
     else if (outcome.kind === 'refused') request.log.warn({ ...where, annotation: outcome.annotation, problem: outcome.message }, 'pod refused')

@@ -1,16 +1,17 @@
 // `serve` and `inject`, each in a real Linux memory cgroup at the chart's
 // limit (as the kubelet sets a container's), run as the image runs them, under
-// every per-connection attack of issue 33 at once, with a probe answering
-// throughout: no OOM kill, and the process alive and answering. The cgroup's
+// every per-connection attack of issue 33 at once (for `inject` also issue
+// 43's: a review of 99,000 containers, and answers nobody reads), with a probe
+// answering throughout: no OOM kill, and the process alive and answering. The cgroup's
 // peak is printed. Where no cgroup can be made (not Linux, not root, no
 // memory controller), each test is skipped and says why.
-import { mkdtempSync, rmSync } from 'node:fs'
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
 import t, { type Test } from 'tap'
 import { chartLimitMiB, createCgroup, type Cgroup } from '../../bench/cgroup.js'
-import { alive, drain, injectEnv, INJECT_LISTENING, pipelineUnread, probe, statusOf, trickleBodies, unfinishedUploads, type Attacker, type Trickle } from '../support/attacks.js'
+import { alive, drain, injectEnv, INJECT_LISTENING, manyContainersReview, pipelineUnread, postOnce, postUnread, probe, statusOf, trickleBodies, unfinishedUploads, type Attacker, type Trickle } from '../support/attacks.js'
 import { start } from '../support/cli-process.js'
 import { startUpstream } from '../support/helpers.js'
 import { startSidecar, writeKeyPair } from '../support/sidecar.js'
@@ -82,21 +83,35 @@ t.test('inject in a memory cgroup at the chart\'s limit survives every per-conne
   const pki = makePki()
   let kill = (): Promise<void> => { pki.cleanup(); return Promise.resolve() }
   const cgroup = cgroupFor(t, 'test-inject', () => kill())
+  // v2 charges the kernel's socket buffers to the group (answers written and not read); v1 only
+  // once they have a limit of their own: the same limit, so that both count what a pod's would.
+  const tcp = join(cgroup.dir, 'memory.kmem.tcp.limit_in_bytes')
+  if (cgroup.version === 1 && existsSync(tcp)) writeFileSync(tcp, String(LIMIT_MIB * MiB))
   const { daemon, match } = await start(['inject'], injectEnv(pki.dir), INJECT_LISTENING, { asImage: true, cgroupDir: cgroup.dir })
   kill = async () => { daemon.child.kill('SIGKILL'); await daemon.exited; pki.cleanup() }
   const webhook = Number(match[1])
   const admin = Number(match[2])
 
+  // Issue 43 first (the uploads below take the bodies' budget): one review of 99,000 containers (a
+  // 15.3 MB answer before the fix, OOM-killed here), then 128 clients posting a pod near the answer's
+  // bound (1,500 containers) and never reading.
+  const found = await postOnce(webhook, pki.ca, '/mutate', manyContainersReview(99_000))
+  t.equal(found.status, 200, 'the 99,000-container review is answered')
+  t.match(found.body, /"allowed":false.*99000 containers/, 'with a refusal naming the bound')
+  const unread = await postUnread(webhook, pki.ca, '/mutate', manyContainersReview(1500), 128)
+  await sleep(1000)
   // 60 uploads of the largest body the webhook takes, all but its last 100 bytes sent.
   const uploads = unfinishedUploads(webhook, pki.ca, '/mutate', 3_145_628, 100, 60)
   const trickles = [trickleBodies(admin, SLOW_BODY, 64, 500), uploads]
-  const attackers = await pipelineUnread(admin, GET('/metrics').repeat(1500), 8)
+  const attackers = [...unread, ...await pipelineUnread(admin, GET('/metrics').repeat(1500), 8)]
   const statuses = await probe(`http://127.0.0.1:${admin}/healthz`, 20, 250)
   t.same(statuses, Array(20).fill(200), '/healthz answered every probe during the attacks')
   t.ok((uploads.delivered?.() ?? 0) > 0, `uploads got all but their last bytes to the webhook (${uploads.delivered?.() ?? 0} of ${uploads.connections()} connections)`)
   await finish(attackers, trickles)
   await sleep(200)
   report(t, 'inject', cgroup)
+  const tcpPeak = join(cgroup.dir, 'memory.kmem.tcp.max_usage_in_bytes')
+  if (existsSync(tcpPeak)) t.comment(`of which the kernel's socket buffers: peak ${(Number(readFileSync(tcpPeak, 'utf8')) / 1e6).toFixed(1)} MB`)
   t.equal(cgroup.oomKills(), 0, 'no OOM kill')
   t.ok(alive(daemon.child), 'the webhook is alive')
   t.equal(await statusOf(`http://127.0.0.1:${admin}/readyz`), 200, 'and ready')

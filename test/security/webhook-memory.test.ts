@@ -15,7 +15,8 @@ import { join } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { connect as tlsConnect, type TLSSocket } from 'node:tls'
 import t, { type Test } from 'tap'
-import { BodyBudget, WEBHOOK_LIMITS, type WebhookLimits } from '../../src/inject/limits.js'
+import { ByteBudget } from '../../src/client/bytes-in-flight.js'
+import { WEBHOOK_LIMITS, type WebhookLimits } from '../../src/inject/limits.js'
 import { InjectMetrics } from '../../src/inject/metrics.js'
 import { buildWebhookServer, REVIEW_LIMITS } from '../../src/inject/server.js'
 import { createLogger } from '../../src/observability/logger.js'
@@ -32,13 +33,13 @@ writeFileSync(join(certs, 'tls.crt'), pki.serverCert)
 writeFileSync(join(certs, 'tls.key'), pki.serverKey)
 t.teardown(() => { pki.cleanup(); rmSync(certs, { recursive: true, force: true }) })
 
-interface Webhook { port: number, budget: BodyBudget, metrics: InjectMetrics, connections: () => Promise<number>, server: HttpsServer }
+interface Webhook { port: number, budget: ByteBudget, metrics: InjectMetrics, connections: () => Promise<number>, server: HttpsServer }
 
 async function startWebhook (t: Test, limits: Partial<WebhookLimits> = {}): Promise<Webhook> {
-  const budget = new BodyBudget(limits.bodyBytesInFlight ?? WEBHOOK_LIMITS.bodyBytesInFlight)
+  const budget = new ByteBudget(limits.bodyBytesInFlight ?? WEBHOOK_LIMITS.bodyBytesInFlight)
   const metrics = new InjectMetrics({ defaultMetrics: false })
   const tls = { certFile: join(certs, 'tls.crt'), keyFile: join(certs, 'tls.key') }
-  const app = await buildWebhookServer({ settings: () => EXAMPLE_SETTINGS, tls, metrics, logger: createLogger('info', new LogCapture()), limits, budget })
+  const app = await buildWebhookServer({ settings: () => EXAMPLE_SETTINGS, tls, metrics, logger: createLogger('info', new LogCapture()), limits, budgets: { bodies: budget } })
   await app.listen({ host: '127.0.0.1', port: 0 })
   t.teardown(async () => {
     app.server.closeAllConnections()
@@ -310,9 +311,9 @@ t.test('a connection cannot have more pipelined requests processed than the webh
 })
 
 t.test('an answered review\'s parsed body is dropped, so an answer not read does not keep it', async t => {
-  const budget = new BodyBudget(WEBHOOK_LIMITS.bodyBytesInFlight)
+  const budget = new ByteBudget(WEBHOOK_LIMITS.bodyBytesInFlight)
   const tls = { certFile: join(certs, 'tls.crt'), keyFile: join(certs, 'tls.key') }
-  const app = await buildWebhookServer({ settings: () => EXAMPLE_SETTINGS, tls, metrics: new InjectMetrics({ defaultMetrics: false }), logger: createLogger('silent', new LogCapture()), budget })
+  const app = await buildWebhookServer({ settings: () => EXAMPLE_SETTINGS, tls, metrics: new InjectMetrics({ defaultMetrics: false }), logger: createLogger('silent', new LogCapture()), budgets: { bodies: budget } })
   const kept: unknown[] = []
   // After the webhook's own onSend: what the request still holds while its answer is written.
   app.addHook('onSend', (request, _reply, payload, done) => { kept.push(request.body); done(null, payload) })
