@@ -29,8 +29,12 @@ export interface BrowserPolicy {
   readonly origins: ReadonlySet<string>
   /** COS_ALLOWED_HOSTS, as hostName reads them. */
   readonly hosts: ReadonlySet<string>
-  /** Host is checked when the listener is loopback only (a name there can only be a rebinding) or a list is given. */
-  readonly checkHost: boolean
+  /**
+   * Beyond loopback and without COS_ALLOWED_HOSTS, Host may also name what no
+   * public DNS serves to a browser (privateName); otherwise only loopback and
+   * the list pass.
+   */
+  readonly privateNames: boolean
 }
 
 /** COS_ALLOWED_ORIGINS, COS_ALLOWED_HOSTS and COS_LISTEN_HOST, as Config has them. */
@@ -44,8 +48,24 @@ export function browserPolicy (config: BrowserSettings): BrowserPolicy {
   return {
     origins: new Set(config.allowedOrigins),
     hosts: new Set(config.allowedHosts),
-    checkHost: config.allowedHosts.length > 0 || isLoopbackAddress(config.listen.host),
+    privateNames: config.allowedHosts.length === 0 && !isLoopbackAddress(config.listen.host),
   }
+}
+
+// Suffixes no public DNS serves: mDNS (RFC 6762), RFC 6761's localhost, ICANN's
+// private-use .internal, RFC 8375's home network, Kubernetes Service names
+// (name.ns.svc; name.ns.svc.cluster.local ends in .local). Not `.svc.<any
+// domain>`: `x.svc.attacker.example` is the attacker's to rebind.
+const PRIVATE_SUFFIX = /\.(?:local|internal|localhost|home\.arpa|svc)$/
+
+/**
+ * Whether a name from hostName is one a rebound page cannot have: an IP
+ * literal (a page's Host is its DNS name), a single label (compose service
+ * names, Kubernetes short Service names: resolved by search domains, never by
+ * public DNS), or a name under PRIVATE_SUFFIX.
+ */
+export function isPrivateName (name: string): boolean {
+  return !name.includes('.') || name.startsWith('[') || isIPv4(name) || PRIVATE_SUFFIX.test(name)
 }
 
 /**
@@ -67,16 +87,20 @@ export function originProblem (policy: BrowserPolicy, origin: string | undefined
 
 /**
  * Why a request's Host must not be forwarded, or undefined when it may.
- * Where the proxy listens on loopback only, a Host naming anything else can
- * only come from a page whose name was rebound to 127.0.0.1 (DNS rebinding:
- * the page would then read the answers as its own). No Host (HTTP/1.0) or an
- * empty one names nothing and passes.
+ * A page whose DNS name is rebound to the proxy's address reads the answers
+ * as its own (DNS rebinding); its requests carry that name in Host. On a
+ * loopback listener only loopback names pass; beyond loopback also names
+ * public DNS cannot serve (isPrivateName); once COS_ALLOWED_HOSTS is set,
+ * loopback and the list. No Host (HTTP/1.0) or an empty one names nothing
+ * and passes.
  */
 export function hostProblem (policy: BrowserPolicy, host: string | undefined): string | undefined {
-  if (!policy.checkHost || host === undefined || host === '') return undefined
+  if (host === undefined || host === '') return undefined
   const name = hostName(host)
-  if (name !== undefined && (isLoopbackName(name) || policy.hosts.has(name))) return undefined
-  return 'the Host header must name this machine (localhost, 127.0.0.0/8, [::1]) or be listed in COS_ALLOWED_HOSTS'
+  if (name !== undefined && (isLoopbackName(name) || policy.hosts.has(name) || (policy.privateNames && isPrivateName(name)))) return undefined
+  return policy.privateNames
+    ? 'the Host header names a domain a web page could rebind to the proxy: list it in COS_ALLOWED_HOSTS (IP addresses, single-label names and names under .local, .internal, .localhost, .home.arpa or .svc pass without)'
+    : 'the Host header must name this machine (localhost, 127.0.0.0/8, [::1]) or be listed in COS_ALLOWED_HOSTS'
 }
 
 /** Whether a request to the admin listener was sent by a web page: any Origin, or Sec-Fetch-Site other than none. */

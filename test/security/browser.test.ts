@@ -110,7 +110,29 @@ t.test('Host on a loopback listener: any other name is refused; loopback names a
   t.notOk(r.up.seen.includes('GET /second'), 'and the second was not forwarded')
 })
 
-t.test('COS_ALLOWED_HOSTS admits the names it lists with any port; beyond loopback Host is checked only when a list is given', async t => {
+t.test('a page rebound to a proxy beyond loopback gets no signed answer', async t => {
+  // The compose case of issue 43: the proxy on 0.0.0.0, a page in the host's browser whose name
+  // now resolves to the container. Chromium's capture carries that name in Host (rebind.test).
+  const wide = await rig(t, { COS_LISTEN_HOST: '0.0.0.0' })
+  await expectRefused(t, wide, "Chromium's rebound fetch GET", chromium('rebound-fetch-get'), 'forbidden_host')
+  for (const host of ['rebind.attacker.example:8080', '172-28-0-2.nip.io', 'x.svc.attacker.example', 'cos-auth-proxy.apps']) {
+    await expectRefused(t, wide, `Host: ${host}`, request(`GET /management/v1/clusters HTTP/1.1\r\nHost: ${host}`), 'forbidden_host')
+  }
+  const res = await rawRequest(wide.port, request('GET /x HTTP/1.1\r\nHost: rebind.attacker.example'))
+  t.match(errorOf(res.finals[0])?.message, /list it in COS_ALLOWED_HOSTS/, 'the refusal says how to admit a name')
+  t.same(wide.up.seen, [], 'no request reached the upstream: nothing was signed')
+  // What clients there do use still passes, and is signed.
+  for (const host of ['cos-auth-proxy:8080', 'cos-auth-proxy.apps.svc:8080', 'cos-auth-proxy.apps.svc.cluster.local', 'proxy.internal', '172.28.0.2:8080', '[fd00::1]:8080', 'localhost:8080']) {
+    await expectForwarded(t, wide, `Host: ${host}`, request(`GET /x HTTP/1.1\r\nHost: ${host}`))
+  }
+  t.ok(wide.up.received.every(r => (r.headers.authorization ?? '') !== ''), 'each forwarded with the proxy\'s token')
+  // A good Host remembered on a connection does not let a rebound one through after it.
+  const both = await rawRequest(wide.port, 'GET /first HTTP/1.1\r\nHost: cos-auth-proxy\r\n\r\nGET /second HTTP/1.1\r\nHost: rebind.attacker.example\r\n\r\n', { expect: 2 })
+  t.same(both.finals.map(f => f.status), [200, 403], 'a rebound Host after a service name on the same connection')
+  t.notOk(wide.up.seen.includes('GET /second'), 'and the second was not forwarded')
+})
+
+t.test('COS_ALLOWED_HOSTS admits the names it lists with any port, and then only those (and loopback) on any listener', async t => {
   const listed = await rig(t, { COS_ALLOWED_HOSTS: 'proxy.internal, fd00::1' })
   await expectForwarded(t, listed, 'a listed name', request('GET /x HTTP/1.1\r\nHost: proxy.internal:8080'))
   await expectForwarded(t, listed, 'a listed IPv6 address', request('GET /x HTTP/1.1\r\nHost: [fd00::1]:8080'))
@@ -121,7 +143,10 @@ t.test('COS_ALLOWED_HOSTS admits the names it lists with any port; beyond loopba
   await expectForwarded(t, wide, 'a service name on a listener beyond loopback', request('GET /x HTTP/1.1\r\nHost: cos-auth-proxy.team.svc:8080'))
   await expectRefused(t, wide, 'but not a page from another site', post('Origin: https://evil.example\r\n'), 'forbidden_origin')
   const wideListed = await rig(t, { COS_LISTEN_HOST: '0.0.0.0', COS_ALLOWED_HOSTS: 'cos-auth-proxy.team.svc' })
-  await expectRefused(t, wideListed, 'a name not in the list given', request('GET /x HTTP/1.1\r\nHost: other.team.svc'), 'forbidden_host')
+  await expectForwarded(t, wideListed, 'the listed name beyond loopback', request('GET /x HTTP/1.1\r\nHost: cos-auth-proxy.team.svc:8080'))
+  for (const host of ['other.team.svc', 'cos-auth-proxy', '10.0.0.5']) {
+    await expectRefused(t, wideListed, `${host}: not in the list given (the list replaces the default)`, request(`GET /x HTTP/1.1\r\nHost: ${host}`), 'forbidden_host')
+  }
 })
 
 t.test("the admin listener answers no web page: Chromium's form POST to /quitquitquit does not drain the proxy", async t => {
