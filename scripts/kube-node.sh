@@ -284,14 +284,17 @@ kubectl_ns() { # dir args...
 # containerd's default roots, cgroups); not elsewhere, where other root work on the machine (a
 # container build's chroot) may mount and unmount meanwhile; not podman's own storage.
 snap_mounts() {
-  awk -v run="${SNAP_DIR:?}/" '$5 !~ /^\/(var\/lib|run)\/containers\/storage/ &&
+  awk -v run="${SNAP_DIR:?}/" -v own="/run/netns/$NETNS" '$5 !~ /^\/(var\/lib|run)\/containers\/storage/ &&
+    ($5 !~ /^\/run\/netns\/./ || $5 == own || $5 ~ /^\/run\/netns\/cni-/) &&
     ($5 ~ /^\/(run|var\/run|var\/lib\/kubelet|var\/lib\/containerd|sys\/fs\/cgroup)(\/|$)/ || index($5, run) == 1) {print $5}' /proc/self/mountinfo | sort
 }
 snap_cgroups() { { find /sys/fs/cgroup -maxdepth 8 -type d -path '*kubepods*' 2>/dev/null || true; } | sort; }
 snap_iptables() { # rules and chains, without counters and the dated comment lines
   { iptables-save 2>/dev/null || true; ip6tables-save 2>/dev/null || true; } | sed -e '/^#/d' -e 's/ \[[0-9]*:[0-9]*\]$//' | sort
 }
-snap_netns() { { ip netns list 2>/dev/null || true; } | awk '{print $1}' | sort; }
+# Network namespaces (and their /run/netns mounts) of the node's own names only: the node's and the
+# pods' (cni-*). Others come and go with other work on the machine (test:compose's, the suite's).
+snap_netns() { { ip netns list 2>/dev/null || true; } | awk -v own="$NETNS" '$1 == own || $1 ~ /^cni-/ {print $1}' | sort; }
 snap_addr() { ip -o addr show | awk '{print $2, $3, $4}' | sort; }
 snap_links() { ip -o link show | awk -F': ' '{print $2}' | sort; }
 snap_paths() { local p; for p in $HOST_PATHS; do if [ -e "$p" ]; then echo "$p"; fi; done | sort; }
