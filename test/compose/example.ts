@@ -1,10 +1,12 @@
 // examples/compose.yaml brought up as a user would (`docker-compose up -d`, no --build: the
 // image is there), with the demo credentials copied to a temporary COS_CREDENTIALS_DIR, and
-// test/compose/outsider.yaml beside it (a client outside COS_ALLOW_FROM). Proofs 1-4 and 6:
-// the app is started only once the proxy is healthy; the app gets 200 from the verifying mock
-// API through the proxy; a request from outside 172.28.0.0/24 gets the proxy's 403 and is not
-// forwarded; the admin port answers on 127.0.0.1:9090; `down` stops the proxy with exit 0 and
-// leaves nothing.
+// test/compose/outsider.yaml beside it (clients the proxy must refuse). Proofs 1-4 and 6: the app
+// is started only once the proxy is healthy; the app gets 200 from the verifying mock API through
+// the proxy; the proxy answers nobody but the app (issue 43): a client on another network, the
+// Docker host itself (a request from the bridge's gateway), another container on the app's own
+// network all get 403 forbidden_source, and the app asking under a rebound name gets 403
+// forbidden_host, none of them forwarded; the admin port answers on 127.0.0.1:9090; `down` stops
+// the proxy with exit 0 and leaves nothing.
 import { chmodSync, cpSync, mkdirSync, readFileSync } from 'node:fs'
 import { randomBytes } from 'node:crypto'
 import { join } from 'node:path'
@@ -14,9 +16,14 @@ import {
   clean, compose, composeArgs, containers, curl, died, EXAMPLE, healthTicker, indent, inEngine, inEngineAsync, inspect, networks, OUTSIDER,
   podmanExec, say, secret, serviceLog, volumes, waitFor, type Compose, type Engine, type Inspect,
 } from './engine.js'
+import type { Run } from '../kubelet/cluster.js'
 
 const PROXY_URL = 'http://cos-auth-proxy:8080'
 const ADMIN = 'http://127.0.0.1:9090'
+/** The app's fixed address in the example, the one COS_ALLOW_FROM names; the network's subnet. */
+const APP_ADDRESS = '172.28.0.10'
+const SUBNET = '172.28.0.0/24'
+const CURL = ['curl', '-sS', '-m', '10', '-w', '\n%{http_code}'] as const
 
 /** The app's request lines (" -> HTTP <code>", what its curl loop prints). */
 export const appStatuses = (log: string): string[] => [...log.matchAll(/ -> HTTP (\d{3})/g)].map(m => m[1] ?? '')
@@ -90,6 +97,28 @@ export async function downClean (e: Engine, c: Compose, what: string): Promise<v
   equal(links, ['lo'], 'the namespace has its loopback only again (the bridges and veths are gone)')
 }
 
+/**
+ * One request (`send`, given a fresh path) the proxy must refuse: 403 with its JSON error `code`,
+ * no token minted for it, and the mock API never saw the path. Returns the path.
+ */
+async function refusedByProxy (e: Engine, c: Compose, who: string, code: string, send: (path: string) => Run): Promise<string> {
+  const path = `/management/v1/refused-${randomBytes(4).toString('hex')}`
+  const before = curl(e, `${ADMIN}/metrics`).body
+  const r = send(path)
+  const after = curl(e, `${ADMIN}/metrics`).body
+  const [body = '', status = ''] = r.stdout.split('\n')
+  ok(status === '403', `${who}: 403`, clean(`${r.stdout}${r.stderr}`, who))
+  let got: unknown
+  try { got = (JSON.parse(body) as { error?: { code?: string } }).error?.code } catch { got = body }
+  equal(got, code, `${who}: the proxy's JSON error ${code}`)
+  const delta = (name: string, labels: Record<string, string> = {}): number => metric(after, name, labels) - metric(before, name, labels)
+  ok(delta('cos_auth_proxy_tokens_minted_total') === delta('cos_auth_proxy_requests_total', { status_class: '2xx' }) &&
+    delta('cos_auth_proxy_requests_total', { status_class: '4xx' }) === 1,
+  `${who}: no token minted for it (tokens +${delta('cos_auth_proxy_tokens_minted_total')}, as many as the app's 2xx meanwhile; 4xx +1)`)
+  ok(!serviceLog(e, c, 'mock-api').includes(path), `${who}: the mock API never saw ${path}`)
+  return path
+}
+
 export async function example (e: Engine, work: string): Promise<void> {
   const creds = join(work, 'demo-credentials')
   mkdirSync(creds)
@@ -116,29 +145,39 @@ export async function example (e: Engine, work: string): Promise<void> {
       `the mock API refused no token the proxy signed (${rejected.length} refusals, all missing_token: its own healthcheck sends none)`, rejected)
   })
 
-  await section('outside 172.28.0.0/24: refused by the proxy, nothing forwarded (proof 3)', async () => {
+  await section('outside the example\'s network: refused by the proxy, nothing forwarded (proof 3)', async () => {
     const list = await containers(e)
     const outsider = await inspect(e, list.get('outsider')?.Id ?? '?')
     const app = await inspect(e, list.get('app')?.Id ?? '?')
     const from = outsider.NetworkSettings.Networks[`${e.project}_outside`]?.IPAddress ?? ''
     ok(/^172\.28\.1\.\d+$/.test(from), `the outsider's address ${from} is in 172.28.1.0/24, outside COS_ALLOW_FROM`)
-    const path = `/management/v1/outsider-${randomBytes(4).toString('hex')}`
-    const before = curl(e, `${ADMIN}/metrics`).body
-    const r = podmanExec(e, outsider.Id, ['curl', '-sS', '-m', '10', '-w', '\n%{http_code}', `${PROXY_URL}${path}`])
-    const after = curl(e, `${ADMIN}/metrics`).body
-    const [body = '', status = ''] = r.stdout.split('\n')
-    equal(status, '403', 'its request to the proxy\'s service name and port: 403')
-    let code: unknown
-    try { code = (JSON.parse(body) as { error?: { code?: string } }).error?.code } catch { code = body }
-    equal(code, 'forbidden_source', 'with the proxy\'s JSON error forbidden_source')
-    const delta = (name: string, labels: Record<string, string> = {}): number => metric(after, name, labels) - metric(before, name, labels)
-    ok(delta('cos_auth_proxy_tokens_minted_total') === delta('cos_auth_proxy_requests_total', { status_class: '2xx' }) &&
-      delta('cos_auth_proxy_requests_total', { status_class: '4xx' }) === 1,
-    `no token minted for it (tokens +${delta('cos_auth_proxy_tokens_minted_total')}, as many as the app's 2xx meanwhile; 4xx +1)`)
-    ok(!serviceLog(e, c, 'mock-api').includes(path), `the mock API never saw ${path}`)
-    const control = podmanExec(e, app.Id, ['curl', '-sS', '-m', '10', '-w', '\n%{http_code}', `${PROXY_URL}${path}`]).stdout
+    const path = await refusedByProxy(e, c, 'its request to the proxy\'s service name and port', 'forbidden_source', p => podmanExec(e, outsider.Id, [...CURL, `${PROXY_URL}${p}`]))
+    const control = podmanExec(e, app.Id, [...CURL, `${PROXY_URL}${path}`]).stdout
     ok(control.endsWith('\n404') && control.includes('not_found') && serviceLog(e, c, 'mock-api').includes(path),
-      'the same request from the app\'s network is forwarded (the mock API\'s 404 not_found, and the path in its log)', control)
+      'the same request from the app is forwarded (the mock API\'s 404 not_found, and the path in its log)', control)
+  })
+
+  await section('nobody but the app: the Docker host (the bridge\'s gateway) and a neighbour on the app\'s network get 403 (proof 3, issue 43)', async () => {
+    const list = await containers(e)
+    const [app, proxy, neighbour] = await Promise.all(['app', 'cos-auth-proxy', 'neighbour'].map(async s => await inspect(e, list.get(s)?.Id ?? '?')))
+    const on = (i: Inspect | undefined): string => i?.NetworkSettings.Networks[`${e.project}_cos`]?.IPAddress ?? ''
+    equal(on(app), APP_ADDRESS, `the app has the example's fixed address ${APP_ADDRESS}, the one COS_ALLOW_FROM names`)
+    const proxyAt = on(proxy)
+    // The host's side of the bridge: the address the namespace (the Docker host here) has in the subnet.
+    const gateway = /inet (\S+)\//.exec(inEngine(e, ['ip', '-o', '-4', 'addr', 'show', 'to', SUBNET]).stdout)?.[1] ?? ''
+    ok(gateway === '172.28.0.1', `the bridge's gateway, the host's address on the network: ${gateway}`)
+    await refusedByProxy(e, c, `the host, from ${gateway} to ${proxyAt}:8080`, 'forbidden_source', p => inEngine(e, [...CURL, '--interface', gateway, `http://${proxyAt}:8080${p}`]))
+    const next = on(neighbour)
+    ok(next === '172.28.0.20', `the neighbour's address ${next}: in the app's subnet, not the app's`)
+    await refusedByProxy(e, c, `the neighbour (${next}) on the app's network`, 'forbidden_source', p => podmanExec(e, neighbour?.Id ?? '?', [...CURL, `${PROXY_URL}${p}`]))
+  })
+
+  await section('a rebound name: the app\'s own request under another Host gets 403 forbidden_host (issue 43)', async () => {
+    const list = await containers(e)
+    const proxyAt = (await inspect(e, list.get('cos-auth-proxy')?.Id ?? '?')).NetworkSettings.Networks[`${e.project}_cos`]?.IPAddress ?? ''
+    // What a page in the host's browser sends once its DNS name resolves to the proxy: that name.
+    await refusedByProxy(e, c, `from the app (allowed), some.rebound.example resolved to ${proxyAt}`, 'forbidden_host',
+      p => podmanExec(e, list.get('app')?.Id ?? '?', [...CURL, '--resolve', `some.rebound.example:8080:${proxyAt}`, `http://some.rebound.example:8080${p}`]))
   })
 
   await section('the admin port on the mapped 127.0.0.1:9090 (proof 4)', async () => {

@@ -4,8 +4,9 @@
 // with the image the packaging step built and a local stand-in for the curl image. In order:
 //   example.ts   the example with the demo credentials and test/compose/outsider.yaml: the app
 //                only once the proxy is healthy, 200 from the mock API through the proxy, 403
-//                and nothing forwarded from outside COS_ALLOW_FROM, the admin port on
-//                127.0.0.1:9090, `down` (proofs 1, 2, 3, 4, 6)
+//                and nothing forwarded for anyone but the app (another network, the host from
+//                the bridge's gateway, a neighbour on the app's network) and for the app under
+//                a rebound Host, the admin port on 127.0.0.1:9090, `down` (proofs 1, 2, 3, 4, 6)
 //   rotation.ts  the README's "real API" recipe (`up -d app`, COS_*_API_URL set): the key pair
 //                rewritten on the host under the running proxy with no failed request, a rename
 //                over it not seen, `down` (proofs 5, 6)
