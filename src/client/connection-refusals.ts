@@ -22,15 +22,18 @@ const CLIENT_ERRORS: Readonly<Record<string, readonly [number, string, string]>>
   ERR_HTTP_HEADERS_TIMEOUT: [408, 'request_timeout', 'the request headers were not received in time'],
 }
 
+/** A whole HTTP/1.1 response in the JSON error shape, saying `connection: close`. */
+export function rawErrorResponse (status: number, code: string, message: string, headers = ''): string {
+  const body = JSON.stringify({ error: { code, message } })
+  return `HTTP/1.1 ${status} ${STATUS_CODES_TEXT[status] ?? 'Error'}\r\ncontent-type: application/json; charset=utf-8\r\ncontent-length: ${Buffer.byteLength(body)}\r\n${headers}connection: close\r\n\r\n${body}`
+}
+
 function writeRawError (socket: Duplex, status: number, code: string, message: string, headers = ''): void {
-  if (socket.writable) {
-    const body = JSON.stringify({ error: { code, message } })
-    socket.write(`HTTP/1.1 ${status} ${STATUS_CODES_TEXT[status] ?? 'Error'}\r\ncontent-type: application/json; charset=utf-8\r\ncontent-length: ${Buffer.byteLength(body)}\r\n${headers}connection: close\r\n\r\n${body}`)
-  }
+  if (socket.writable) socket.write(rawErrorResponse(status, code, message, headers))
   socket.destroy()
 }
 
-const STATUS_CODES_TEXT: Readonly<Record<number, string>> = { 400: 'Bad Request', 405: 'Method Not Allowed', 408: 'Request Timeout', 431: 'Request Header Fields Too Large' }
+const STATUS_CODES_TEXT: Readonly<Record<number, string>> = { 400: 'Bad Request', 403: 'Forbidden', 405: 'Method Not Allowed', 408: 'Request Timeout', 431: 'Request Header Fields Too Large' }
 
 /**
  * Connections on which nothing more is forwarded: a request on them was

@@ -36,17 +36,24 @@ function receiving (socket: ServerSocket): boolean {
  * upload is not idle), but is not busy either.
  *
  * With `maxConnections`, a connection that arrives while that many are open
- * displaces the one that was busy longest ago among those the server owes
- * nothing: idle ones, and those still sending a request (headers or body,
- * however slowly they trickle). So connections, however many are opened and
+ * displaces one the server owes nothing: an idle one first (nothing received
+ * of a request: a keep-alive connection between requests, one that never
+ * sent a byte, one still trickling its request's head), the one busy longest
+ * ago; else, unless `keepBodies`, one still sending a request's body,
+ * however slowly it trickles. So connections, however many are opened and
  * whatever they send, cannot lock out a client that comes to send a request
- * (a kubelet's probe); only when every one is waiting for its answer is the
- * newcomer closed.
+ * (a kubelet's probe, the app); only when every one is waiting for its
+ * answer (or, with `keepBodies`, sending a body) is the newcomer closed. The
+ * cap is enforced here rather than by Node's `server.maxConnections`, which
+ * drops the newcomer before 'connection' is emitted, whatever the others do.
+ * `keepBodies` (the proxy port): a request whose body is arriving is in
+ * progress (the body goes upstream as it arrives), bounded by the request
+ * timeout, never displaced.
  */
-export function reapIdleConnections (server: Server, idleMs: number, maxConnections = Infinity): void {
+export function reapIdleConnections (server: Server, idleMs: number, maxConnections = Infinity, { keepBodies = false } = {}): void {
   const connections: Connections = new Map()
   server.on('connection', (socket: ServerSocket) => {
-    if (connections.size >= maxConnections && !closeIdlest(connections)) {
+    if (connections.size >= maxConnections && !closeIdlest(connections, keepBodies)) {
       socket.destroy()
       return
     }
@@ -172,21 +179,85 @@ function closeQueued (this: WithQueued): void {
 }
 
 /**
- * Closes the connection the server owes nothing (idle, or still sending its
- * request) that was busy longest ago; false when every one is waiting for
- * its answer.
+ * Closes the idle connection that was busy longest ago, else (unless
+ * `keepBodies`) the one still sending a request body that was; false when
+ * there is neither.
  */
-function closeIdlest (connections: Connections): boolean {
+function closeIdlest (connections: Connections, keepBodies: boolean): boolean {
   let idlest: ServerSocket | undefined
   let since = Infinity
+  let sending: ServerSocket | undefined
+  let sendingSince = Infinity
   for (const [socket, state] of connections) {
-    if ((socket._httpMessage == null || receiving(socket)) && state.lastBusy < since) {
+    if (receiving(socket)) {
+      if (!keepBodies && state.lastBusy < sendingSince) {
+        sending = socket
+        sendingSince = state.lastBusy
+      }
+    } else if (socket._httpMessage == null && state.lastBusy < since) {
       idlest = socket
       since = state.lastBusy
     }
   }
-  if (idlest === undefined) return false
-  connections.delete(idlest)
-  idlest.destroy()
+  const closed = idlest ?? sending
+  if (closed === undefined) return false
+  connections.delete(closed)
+  closed.destroy()
   return true
+}
+
+/** How long a refused connection is kept, at most, for its peer to read the answer; how many at once (beyond, the oldest is closed). */
+export interface Linger { readonly ms: number, readonly max: number }
+export const REFUSED_LINGER: Linger = { ms: 1000, max: 64 }
+
+/**
+ * Connections from peers refused whatever they send (COS_ALLOW_FROM on the
+ * proxy port) are answered and closed as they are accepted: `answer` (a
+ * whole HTTP response saying `connection: close`) is written and the
+ * connection ended. The server never sees them: no 'connection' event, so
+ * no HTTP parser, no slot of the connection cap, nothing another listener
+ * of 'connection' counts. (The first listener of 'connection' is Node's own
+ * HTTP handling, which attaches the parser: `emit` is the one place before
+ * it.)
+ *
+ * What the peer sends meanwhile is read and dropped, unparsed: closing a
+ * socket with unread bytes makes the kernel reset the connection, and the
+ * peer could lose the answer before reading it. The connection closes when
+ * the peer closes its side, after `linger.ms` otherwise, and sooner when
+ * `linger.max` newer ones are waiting: however fast refused peers connect,
+ * they hold a bounded number of descriptors, each for a second at most.
+ * `onRefused` is called for each (to count it).
+ */
+export function refuseAtAccept (server: Server, refused: (socket: Socket) => boolean, answer: string, onRefused: (socket: Socket) => void, linger = REFUSED_LINGER): void {
+  // Oldest first: a Set keeps insertion order.
+  const lingering = new Set<Socket>()
+  const emit = server.emit.bind(server) as (event: string | symbol, ...args: unknown[]) => boolean
+  const intercepted = (event: string | symbol, ...args: unknown[]): boolean => {
+    if (event !== 'connection') return emit(event, ...args)
+    const socket = args[0] as Socket
+    if (!refused(socket)) return emit(event, ...args)
+    answerAndClose(socket, answer, lingering, linger)
+    onRefused(socket)
+    return true
+  }
+  server.emit = intercepted as Server['emit']
+}
+
+function answerAndClose (socket: Socket, answer: string, lingering: Set<Socket>, linger: Linger): void {
+  socket.on('error', () => { /* a peer gone (reset, EPIPE) needs nothing more */ })
+  const timer = setTimeout(() => { socket.destroy() }, linger.ms)
+  lingering.add(socket)
+  socket.once('close', () => {
+    clearTimeout(timer)
+    lingering.delete(socket)
+  })
+  socket.end(answer, 'latin1')
+  socket.resume()
+  for (const oldest of lingering) {
+    if (lingering.size <= linger.max) break
+    // Its answer went to the kernel when it was accepted (a fresh socket's first write completes
+    // at once); destroySoon would wait for it otherwise.
+    lingering.delete(oldest)
+    oldest.destroySoon()
+  }
 }

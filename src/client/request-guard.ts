@@ -24,6 +24,13 @@ export const ALLOW = PROXY_METHODS.join(', ')
 // (Node joins a repeated Upgrade into one comma-separated value.)
 const WEBSOCKET_UPGRADE = /(?:^|,)[ \t]*websocket[ \t]*(?:\/[^,]*)?(?:,|$)/i
 
+/**
+ * A peer outside COS_ALLOW_FROM. On the proxy port such a connection is
+ * answered and closed when it is accepted (proxy-server.ts); the check per
+ * request stays, so a guard used without that refusal still refuses.
+ */
+export const FORBIDDEN_SOURCE: Refusal = [403, 'forbidden_source', 'this source address may not use the proxy (COS_ALLOW_FROM)']
+
 /** Why `method` is refused before routing, naming it. */
 export function notForwarded (method: string): string {
   if (method === 'TRACE' || method === 'TRACK') return `${method} is never forwarded: the upstream would echo the request back, signed token included`
@@ -50,7 +57,7 @@ export function requestGuard (config: Config): (raw: IncomingMessage) => Refusal
       peerOk = peerAllowed(allowed, raw.socket.remoteAddress)
       checkedPeers.set(raw.socket, peerOk)
     }
-    if (!peerOk) return [403, 'forbidden_source', 'this source address may not use the proxy (COS_ALLOW_FROM)']
+    if (!peerOk) return FORBIDDEN_SOURCE
     const rawHeaders = raw.rawHeaders
     let headerBytes = 0
     let requiredSeen = 0

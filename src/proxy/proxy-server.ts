@@ -6,14 +6,15 @@ import type { IncomingMessage, Server } from 'node:http'
 import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyHttpOptions } from 'fastify'
 import { AuthRefusals } from './auth-refusals.js'
 import type { Config } from '../config/config.js'
-import { condemn, droppedBehindRefusal, refuseConnect, rejectMalformed, TOO_MANY_PIPELINED } from '../client/connection-refusals.js'
-import { pipelinedBeyondBound, reapIdleConnections } from '../client/connections.js'
+import { condemn, droppedBehindRefusal, rawErrorResponse, refuseConnect, rejectMalformed, TOO_MANY_PIPELINED } from '../client/connection-refusals.js'
+import { pipelinedBeyondBound, reapIdleConnections, refuseAtAccept } from '../client/connections.js'
 import type { ReloadOutcome } from '../credentials/credential-watcher.js'
 import type { CredentialStore } from '../credentials/credentials.js'
 import { sendError } from './errors.js'
 import { classifyUpstreamError, type ProxyMetrics } from '../observability/metrics.js'
 import { proxyPlugin, type ProxyObserver } from './proxy.js'
-import { ALLOW, requestGuard, type Refusal } from '../client/request-guard.js'
+import { allowList, peerAllowed } from '../client/guard.js'
+import { ALLOW, FORBIDDEN_SOURCE, requestGuard, type Refusal } from '../client/request-guard.js'
 import { RequestLog, type RequestObserver } from '../observability/request-log.js'
 import { GuardedResponse } from '../client/response.js'
 import type { MintingClock } from '../token/token.js'
@@ -127,8 +128,9 @@ export async function buildProxyServer (opts: ProxyServerOptions): Promise<Fasti
     },
     clientErrorHandler: rejectMalformed,
   })
-  app.server.maxConnections = config.client.maxConnections
-  reapIdleConnections(app.server, config.client.keepAliveTimeoutMs)
+  refuseSourcesAtAccept(app, opts)
+  // Not Node's server.maxConnections: that drops the newcomer unseen, whatever the others hold.
+  reapIdleConnections(app.server, config.client.keepAliveTimeoutMs, config.client.maxConnections, { keepBodies: true })
   app.server.on('connect', refuseConnect)
   // Declared up front so every request object has the same shape.
   app.decorateRequest('upstreamStart', 0)
@@ -161,6 +163,25 @@ export async function buildProxyServer (opts: ProxyServerOptions): Promise<Fasti
     authRefused,
   })
   return app
+}
+
+/**
+ * A peer outside COS_ALLOW_FROM gets 403 `forbidden_source` when its
+ * connection is accepted, and the connection is closed: nothing it sends is
+ * parsed, and it takes no slot of COS_MAX_CONNECTIONS (connections.ts,
+ * refuseAtAccept). Counted as a request answered 403 (route `none`, method
+ * `OTHER`: none was read), and logged as the refusal of a request was, by
+ * COS_ACCESS_LOG (a status >= 400: not with `off`).
+ */
+function refuseSourcesAtAccept (app: FastifyInstance, opts: ProxyServerOptions): void {
+  const allowed = allowList(opts.config.allowFrom)
+  const [status, code, message] = FORBIDDEN_SOURCE
+  const logged = opts.config.accessLog.mode !== 'off'
+  refuseAtAccept(app.server, socket => !peerAllowed(allowed, socket.remoteAddress), rawErrorResponse(status, code, message), socket => {
+    opts.observer?.requestStarted()
+    opts.observer?.requestFinished('none', '', status, 0, undefined, false)
+    if (logged) opts.logger.info({ peer: socket.remoteAddress, status, code }, 'connection refused: its source address is not in COS_ALLOW_FROM')
+  })
 }
 
 /** 404 and every error thrown while handling a request, in the JSON error shape. */
