@@ -6,6 +6,7 @@ import type { FastifyInstance } from 'fastify'
 import type { Logger } from 'pino'
 import { buildAdminServer, type Readiness } from './admin/admin.js'
 import { listenWithAdmin, type BoundListeners } from './admin/listeners.js'
+import { acceptBurstsFirst } from './client/accept-bursts.js'
 import { isLoopbackAddress } from './client/browser-checks.js'
 import type { Config } from './config/config.js'
 import { CredentialWatcher } from './credentials/credential-watcher.js'
@@ -118,7 +119,13 @@ export async function serve (opts: ServeOptions): Promise<void> {
   }
   const stop = stopOnce(logger, drainProxy)
   const admin = buildAdminServer({ metrics, readiness, onQuit: () => { stop('quitquitquit') }, logger, limits: { maxConnections: config.admin.maxConnections }, quitquitquit: config.admin.quitquitquit })
-  const { address, fields } = await listenWithAdmin(app, config.listen, admin, config.admin, { listen: 'COS_LISTEN_PORT', admin: 'COS_ADMIN_PORT' })
+  // A burst of new connections (an app restarting its pool) is accepted before the
+  // established ones are read again, and waits in the kernel's queue rather than
+  // having its SYNs dropped and retried 1, 3, 7 s later: room for every connection
+  // the cap admits (docs/performance.md, "A burst of new connections").
+  acceptBurstsFirst(app.server)
+  const listen = { ...config.listen, backlog: Math.max(511, config.client.maxConnections) }
+  const { address, fields } = await listenWithAdmin(app, listen, admin, config.admin, { listen: 'COS_LISTEN_PORT', admin: 'COS_ADMIN_PORT' })
   listening = true
 
   process.on('SIGTERM', () => { stop('SIGTERM') })

@@ -6,7 +6,12 @@ import type { FastifyInstance } from 'fastify'
 import { ConfigError } from '../config/config-variables.js'
 
 /** Where a listener binds, and the variable that sets its port (named when the port cannot be had). */
-export interface ListenAt { readonly host: string, readonly port: number }
+export interface ListenAt {
+  readonly host: string
+  readonly port: number
+  /** Connections the kernel holds until they are accepted (Node's default 511; the kernel caps it at net.core.somaxconn). */
+  readonly backlog?: number
+}
 
 /** Where both listeners of a process are bound, as the start line logs it. */
 export interface BoundListeners {
@@ -39,7 +44,7 @@ export function bindProblem (at: ListenAt, err: unknown): string | undefined {
  */
 export async function listenWithAdmin (app: FastifyInstance, listen: ListenAt, admin: FastifyInstance, adminListen: ListenAt, variables: { readonly listen: string, readonly admin: string }): Promise<BoundListeners> {
   const [adminBound] = await Promise.allSettled([admin.listen({ host: adminListen.host, port: adminListen.port })])
-  const [appBound] = await Promise.allSettled([app.listen({ host: listen.host, port: listen.port })])
+  const [appBound] = await Promise.allSettled([app.listen({ host: listen.host, port: listen.port, ...(listen.backlog === undefined ? {} : { backlog: listen.backlog }) })])
   if (adminBound.status === 'rejected' || appBound.status === 'rejected') {
     const problems: Array<{ variable: string, problem: string }> = []
     const unexplained: unknown[] = []
