@@ -19,6 +19,8 @@ declare module 'autocannon' {
       body?: string | Buffer
       headers?: Record<string, string>
       timeout?: number
+      /** Called with each client (autocannon's Client) before it connects. */
+      setupClient?: (client: unknown) => void
     }
 
     interface Histogram {

@@ -44,6 +44,8 @@ export interface GoSignerStart {
   readonly core: number | undefined
   readonly accessKey?: string
   readonly secret?: string
+  /** A cgroup to run in (bench:accept --limit). */
+  readonly cgroup?: string
 }
 
 /** One Go signer on GOMAXPROCS=1 (one core's worth, as one Node process), answering through the upstream. */
@@ -58,6 +60,7 @@ export async function startGoSigner (s: GoSignerStart): Promise<Server> {
       COS_ACCESS_KEY_SECRET: s.secret ?? randomBytes(30).toString('base64'),
     },
     ...(s.core === undefined ? {} : { core: s.core }),
+    ...(s.cgroup === undefined ? {} : { cgroup: s.cgroup }),
   })
   const ready = await firstJsonLine(child)
   const readyMs = performance.now() - t0

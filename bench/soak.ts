@@ -1,5 +1,5 @@
 // npm run bench:soak -- [--limit 192] [--minutes 10] [--connections 256] [--node <path>] [--node-args="<flags>"] [--env NAME=value …]
-//                       [--burst-connections 1024] [--burst-minutes 1] [--attack-seconds 20]
+//                       [--burst-connections 1024] [--burst-minutes 1] [--attack-seconds 20] [--timeout 10]
 //                       [--no-limit] [--warm-binary] [--level info] [--out <name>]
 //
 // The proxy under a real memory limit, as the kubelet sets one: a Linux
@@ -22,9 +22,12 @@
 // oom_kill, v2 memory.events' oom_kill), whether the proxy was still alive
 // at the end, its own VmHWM, V8's heap limit as Node computed it inside the
 // cgroup, the working set over time (usage less inactive file pages, the
-// kubelet's figure), and autocannon's requests, non-2xx answers, errors
-// and timeouts. The cgroup and every process are removed on exit, also on
-// Ctrl-C or an error.
+// kubelet's figure), and per phase autocannon's requests, their p50 / p99 /
+// max latency, each connection's first request, and every failed request by
+// kind: timeout (no answer within `--timeout` seconds, 10 as `wrk --timeout
+// 10s`), connect error, reset, closed by the proxy with the request
+// unanswered, non-2xx status. It exits 1 on any failed request. The cgroup
+// and every process are removed on exit, also on Ctrl-C or an error.
 //
 // The proxy starts from a fresh copy of the Node binary whose pages are not in the page cache
 // (bench/support/fresh-binary.ts), so that the binary's pages it reads are charged to its
@@ -43,7 +46,7 @@ import { isAbsolute, join } from 'node:path'
 import { parseArgs } from 'node:util'
 import { fixed, table } from './format.js'
 import { installCleanup, scratchDir, stopAll, stopChild } from './support/children.js'
-import { runLoad, SMALL_PATH } from './support/load.js'
+import { describeFailures, failureCount, runLoad, SMALL_PATH } from './support/load.js'
 import { choosePinning, cpuTicks, machine, pinProcess, vmMB } from './support/machine.js'
 import { BENCH_DIR, gitCommit, nodeUnderTest, parseEnv, splitArgs, useNode } from './support/node.js'
 import { startProxy, startUpstream, thisBuild } from './support/servers.js'
@@ -58,6 +61,7 @@ const { values } = parseArgs({
     'burst-connections': { type: 'string', default: '1024' },
     'burst-minutes': { type: 'string', default: '1' },
     'attack-seconds': { type: 'string', default: '20' },
+    timeout: { type: 'string', default: '10' },
     level: { type: 'string', default: 'info' },
     node: { type: 'string' },
     'node-args': { type: 'string' },
@@ -75,8 +79,9 @@ const minutes = Number(values.minutes)
 const connections = Number(values.connections)
 const burst = { connections: Number(values['burst-connections']), minutes: Number(values['burst-minutes']) }
 const attackSeconds = Number(values['attack-seconds'])
+const timeoutSeconds = Number(values.timeout)
 if (!(minutes > 0) || !(connections > 0)) throw new Error('--minutes and --connections must be positive numbers')
-if (!(burst.minutes >= 0) || !(burst.connections > 0) || !(attackSeconds >= 0)) throw new Error('--burst-minutes and --attack-seconds must be numbers >= 0, --burst-connections > 0')
+if (!(burst.minutes >= 0) || !(burst.connections > 0) || !(attackSeconds >= 0) || !(timeoutSeconds > 0)) throw new Error('--burst-minutes and --attack-seconds must be numbers >= 0, --burst-connections and --timeout > 0')
 const progress = (s: string): void => { process.stderr.write(s + '\n') }
 const MiB = 1024 * 1024
 const read = (file: string): string => readFileSync(file, 'utf8')
@@ -146,12 +151,12 @@ async function main (): Promise<void> {
     let r, burstRun, attacks
     let cpuSoak = Number.NaN
     try {
-      r = await runLoad({ url: proxy.url + SMALL_PATH, connections, duration: minutes * 60 })
+      r = await runLoad({ url: proxy.url + SMALL_PATH, connections, duration: minutes * 60, timeoutSeconds })
       cpuSoak = existsSync(`/proc/${pid}`) ? cpuTicks(pid) : Number.NaN
       if (burst.minutes > 0) {
         phase = 'burst'
         progress(`  burst: ${burst.connections} connections for ${burst.minutes} min`)
-        burstRun = await runLoad({ url: proxy.url + SMALL_PATH, connections: burst.connections, duration: burst.minutes * 60 })
+        burstRun = await runLoad({ url: proxy.url + SMALL_PATH, connections: burst.connections, duration: burst.minutes * 60, timeoutSeconds })
       }
       if (attackSeconds > 0) {
         phase = 'attacks'
@@ -197,12 +202,15 @@ async function main (): Promise<void> {
       rps: r.rps,
       cpuMsPer1k,
       non2xx: r.non2xx,
-      burst: burstRun === undefined ? null : { ...burst, requests: burstRun.requests, non2xx: burstRun.non2xx, errors: burstRun.errors, latencyMs: burstRun.latency },
+      timeoutSeconds,
+      burst: burstRun === undefined ? null : { ...burst, requests: burstRun.requests, non2xx: burstRun.non2xx, errors: burstRun.errors, failures: burstRun.failures, latencyMs: burstRun.latency, firstOnConnectionMs: burstRun.firstOnConnection },
       attacks: attacks ?? null,
       maxWorkingSetMBByPhase: Object.fromEntries((['soak', 'burst', 'attacks'] as const).map(p => [p, phaseMax(p, x => x.workingSetMB)])),
       maxUsageMBByPhase: Object.fromEntries((['soak', 'burst', 'attacks'] as const).map(p => [p, phaseMax(p, x => x.usageMB)])),
       errors: r.errors,
+      failures: r.failures,
       latencyMs: r.latency,
+      firstOnConnectionMs: r.firstOnConnection,
       samples: samples.map(x => [Math.round(x.s), x.phase, +x.rssMB.toFixed(1), +x.usageMB.toFixed(1), +x.workingSetMB.toFixed(1)]),
     }
     /** The largest RSS sampled in each quarter of the run: a leak climbs from quarter to quarter, a saw-tooth does not. */
@@ -223,8 +231,9 @@ async function main (): Promise<void> {
       table(['figure', 'value'], [
         ['requests (req/s)', `${r.requests} (${fixed(r.rps, 0)})`],
         ['proxy CPU ms per 1,000 requests', fixed(cpuMsPer1k, 1)],
-        ['non-2xx answers / errors and timeouts', `${r.non2xx} / ${r.errors}`],
+        [`failed requests (timeout ${timeoutSeconds} s)`, describeFailures(r.failures)],
         ['p50 / p99 / max latency, ms', `${fixed(r.latency.p50)} / ${fixed(r.latency.p99)} / ${fixed(r.latency.max, 0)}`],
+        ['first request on a new connection, p50 / max ms', `${fixed(r.firstOnConnection.p50)} / ${fixed(r.firstOnConnection.max, 0)}`],
         ['proxy alive at the end', alive ? 'yes' : `NO (${proxy.child.exitCode === null ? `killed by ${String(proxy.child.proc.signalCode)}` : `exit ${String(proxy.child.exitCode)}`})`],
         ['proxy peak RSS (VmHWM), MB', fixed(peakRssMB, 1)],
         ...(cgroup === undefined
@@ -236,7 +245,14 @@ async function main (): Promise<void> {
               ['OOM kills', String(result.oomKills)],
             ]),
         ['max RSS per quarter of the soak, MB', [0, 0.25, 0.5, 0.75].map(q => fixed(quarter(q), 1)).join(' / ')],
-        ...(burstRun === undefined ? [] : [[`burst, ${burst.connections} connections ${burst.minutes} min: requests / non-2xx + errors / p99 ms`, `${burstRun.requests} / ${burstRun.non2xx + burstRun.errors} / ${fixed(burstRun.latency.p99)}`]]),
+        ...(burstRun === undefined
+          ? []
+          : [
+              [`burst, ${burst.connections} connections ${burst.minutes} min: requests`, String(burstRun.requests)],
+              ['burst: failed requests', describeFailures(burstRun.failures)],
+              ['burst: p50 / p99 / max latency, ms', `${fixed(burstRun.latency.p50)} / ${fixed(burstRun.latency.p99)} / ${fixed(burstRun.latency.max, 0)}`],
+              ['burst: first request on a new connection, p50 / max ms', `${fixed(burstRun.firstOnConnection.p50)} / ${fixed(burstRun.firstOnConnection.max, 0)}`],
+            ]),
         ...(attacks === undefined ? [] : [[`attacks, ${fixed(attacks.seconds, 0)} s: /healthz answered 200`, `${healthy ?? 0} of ${attacks.probes.length} (${attacks.trickled} trickling connections opened)`]]),
         ...(cgroup === undefined ? [] : [['max working set, MB: soak / burst / attacks', (['soak', 'burst', 'attacks'] as const).map(p => fixed(phaseMax(p, x => x.workingSetMB), 1)).join(' / ')]]),
       ]),
@@ -247,8 +263,8 @@ async function main (): Promise<void> {
     const file = isAbsolute(name) ? name : join(dir, name)
     writeFileSync(file, JSON.stringify(result, null, 2) + '\n')
     progress(`results: ${isAbsolute(name) ? name : `bench/results/${name}`}`)
-    const burstFailed = burstRun === undefined ? 0 : burstRun.non2xx + burstRun.errors
-    if (!alive || (result.oomKills ?? 0) > 0 || r.non2xx + r.errors + burstFailed > 0 || (attacks !== undefined && healthy !== attacks.probes.length)) process.exitCode = 1
+    const failed = failureCount(r.failures) + (burstRun === undefined ? 0 : failureCount(burstRun.failures))
+    if (!alive || (result.oomKills ?? 0) > 0 || failed > 0 || (attacks !== undefined && healthy !== attacks.probes.length)) process.exitCode = 1
   } finally {
     await stopAll()
     removeCgroup()

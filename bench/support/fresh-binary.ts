@@ -23,9 +23,9 @@ export function cachedBytes (file: string): number {
   }
 }
 
-/** Copies `node` into `dir` and drops the copy's pages from the page cache. */
-export function freshBinary (node: string, dir: string): FreshBinary {
-  const path = join(dir, 'node-fresh')
+/** Copies `node` (or any program) into `dir` as `name` and drops the copy's pages from the page cache. */
+export function freshBinary (node: string, dir: string, name = 'node-fresh'): FreshBinary {
+  const path = join(dir, name)
   execFileSync('dd', [`if=${node}`, `of=${path}`, 'bs=1M', 'conv=fdatasync', 'status=none'])
   execFileSync('chmod', ['755', path])
   dropCache(path)

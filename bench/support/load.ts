@@ -22,6 +22,8 @@ export interface Load {
    * event-loop turn), not of serving requests: see docs/performance.md.
    */
   readonly warmupSeconds?: number
+  /** Seconds a request may wait for its answer before the client gives up on it (default 30). */
+  readonly timeoutSeconds?: number
 }
 
 export type Workload = 'small' | 'get-1mib' | 'post-1mib'
@@ -48,6 +50,60 @@ export function workloadLoad (workload: Workload, url: string, connections: numb
 
 export interface Latency { readonly p50: number, readonly p90: number, readonly p99: number, readonly max: number, readonly mean: number }
 
+/** What went wrong, by kind: each failed request counted once. */
+export interface Failures {
+  /** No answer within the load's timeout: the client gave up, and opened a new connection. */
+  timeout: number
+  /** The connection could not be opened (refused, timed out, no route). */
+  connect: number
+  /** Reset or broken pipe on an open connection. */
+  reset: number
+  /** The server closed the connection with a request on it unanswered. */
+  closed: number
+  /** Anything else, by error code. */
+  other: Record<string, number>
+  /** Answers outside 2xx, by status. */
+  status: Record<string, number>
+}
+
+const CONNECT_ERRORS = new Set(['ECONNREFUSED', 'ETIMEDOUT', 'EHOSTUNREACH', 'ENETUNREACH', 'EADDRNOTAVAIL', 'EADDRINUSE'])
+const RESET_ERRORS = new Set(['ECONNRESET', 'EPIPE', 'ECONNABORTED'])
+
+export function noFailures (): Failures {
+  return { timeout: 0, connect: 0, reset: 0, closed: 0, other: {}, status: {} }
+}
+
+/** Counts one failed request by its error (autocannon's `reqError`). */
+export function countError (f: Failures, err: unknown): void {
+  const code = (err as { code?: unknown }).code
+  if (err instanceof Error && err.message === 'request timed out') f.timeout++
+  else if (typeof code === 'string' && CONNECT_ERRORS.has(code)) f.connect++
+  else if (typeof code === 'string' && RESET_ERRORS.has(code)) f.reset++
+  else {
+    const key = typeof code === 'string' ? code : err instanceof Error ? err.message : String(err)
+    f.other[key] = (f.other[key] ?? 0) + 1
+  }
+}
+
+const sum = (xs: Record<string, number>): number => Object.values(xs).reduce((a, b) => a + b, 0)
+
+export function failureCount (f: Failures): number {
+  return f.timeout + f.connect + f.reset + f.closed + sum(f.other) + sum(f.status)
+}
+
+/** `none`, or e.g. `timeout 143, status 503 ×5`. */
+export function describeFailures (f: Failures): string {
+  const parts = [
+    ...(['timeout', 'connect', 'reset', 'closed'] as const).filter(k => f[k] > 0).map(k => `${k} ${f[k]}`),
+    ...Object.entries(f.other).map(([k, n]) => `${k} ${n}`),
+    ...Object.entries(f.status).map(([k, n]) => `status ${k} ×${n}`),
+  ]
+  return parts.length === 0 ? 'none' : parts.join(', ')
+}
+
+/** autocannon's client, as far as `closed` needs it: its connection and the requests sent on it, unanswered. */
+interface AutocannonClient { conn: { on: (event: 'end', f: () => void) => void }, pipelinedRequests: { size: () => number }, _connect: () => void }
+
 export interface LoadResult {
   /** Completed. */
   readonly requests: number
@@ -60,6 +116,8 @@ export interface LoadResult {
   readonly latency: Latency
   readonly errors: number
   readonly non2xx: number
+  /** The failed requests by kind (measured part only, as `errors` and `non2xx`). */
+  readonly failures: Failures
   /** Each connection's first request (warm-up included): how long a new connection waited to be served. */
   readonly firstOnConnection: Latency
   /** Over the whole run, warm-up included (e.g. against a log's line count). */
@@ -93,6 +151,8 @@ export async function runLoad (load: Load, onMeasuring?: () => void): Promise<Lo
   const samples = new Samples()
   const firsts = new Samples()
   const warmupMs = (load.warmupSeconds ?? 0) * 1000
+  let measuring = false
+  const failures = noFailures()
   const instance = autocannon({
     url: load.url,
     connections: load.connections,
@@ -103,11 +163,19 @@ export async function runLoad (load: Load, onMeasuring?: () => void): Promise<Lo
     ...(load.method === undefined ? {} : { method: load.method }),
     ...(load.body === undefined ? {} : { body: load.body }),
     ...(load.headers === undefined ? {} : { headers: load.headers }),
-    timeout: 30,
+    timeout: load.timeoutSeconds ?? 30,
+    // A connection the server closes with a request on it: autocannon opens another and counts nothing.
+    setupClient: (client: unknown) => {
+      const c = client as AutocannonClient
+      const connect = c._connect
+      c._connect = function (this: AutocannonClient) {
+        connect.call(this)
+        this.conn.on('end', () => { if (measuring && this.pipelinedRequests.size() > 0) failures.closed++ })
+      }
+    },
   })
   const t0 = performance.now()
   let from = t0
-  let measuring = false
   const startMeasuring = (): void => { from = performance.now(); measuring = true; onMeasuring?.() }
   const timer = warmupMs > 0 ? setTimeout(startMeasuring, warmupMs) : undefined
   if (timer === undefined) startMeasuring()
@@ -126,11 +194,19 @@ export async function runLoad (load: Load, onMeasuring?: () => void): Promise<Lo
     if (!measuring) return
     requests++
     bytes += resBytes
-    if (!ok) non2xx++
-    // Only requests sent after the warm-up: those in flight at its end waited behind it.
-    else if (performance.now() - ms >= from) samples.add(ms)
+    if (!ok) {
+      non2xx++
+      failures.status[status] = (failures.status[status] ?? 0) + 1
+    }
+    // After a warm-up, only requests sent after it: those in flight at its end waited behind it.
+    // Without one, every request, each connection's first included (the wait of a burst).
+    else if (warmupMs === 0 || performance.now() - ms >= from) samples.add(ms)
   })
-  instance.on('reqError', () => { if (measuring) errors++ })
+  instance.on('reqError', (err: unknown) => {
+    if (!measuring) return
+    errors++
+    countError(failures, err)
+  })
   const r = await instance
   clearTimeout(timer)
   const seconds = warmupMs > 0 ? (performance.now() - from) / 1000 : r.duration
@@ -141,8 +217,9 @@ export async function runLoad (load: Load, onMeasuring?: () => void): Promise<Lo
     rps: (warmupMs > 0 ? requests : r.requests.total) / seconds,
     bytes: warmupMs > 0 ? bytes : r.throughput.total,
     latency: samples.latency(),
-    errors: warmupMs > 0 ? errors : r.errors + r.timeouts,
+    errors: warmupMs > 0 ? errors : r.errors, // autocannon's errors include its timeouts
     non2xx: warmupMs > 0 ? non2xx : r.non2xx,
+    failures,
     firstOnConnection: firsts.latency(),
     total: { requests: r.requests.total, sent: r.requests.sent },
   }
@@ -166,6 +243,7 @@ export async function runPaced (url: string, rate: number, seconds: number, clie
   let errors = 0
   let non2xx = 0
   let bytes = 0
+  const failures = noFailures()
   const t0 = performance.now()
   await new Promise<void>(resolve => {
     const finished = (): void => { if (++done === total) resolve() }
@@ -176,11 +254,14 @@ export async function runPaced (url: string, rate: number, seconds: number, clie
         res.on('end', () => {
           const status = res.statusCode ?? 0
           if (status >= 200 && status < 300) samples.add(performance.now() - start)
-          else non2xx++
+          else {
+            non2xx++
+            failures.status[status] = (failures.status[status] ?? 0) + 1
+          }
           finished()
         })
       })
-      req.on('error', () => { errors++; finished() })
+      req.on('error', (err: Error) => { errors++; countError(failures, err); finished() })
     }
     // Timers fire late by up to a millisecond or so: send whatever is due.
     const tick = (): void => {
@@ -193,5 +274,5 @@ export async function runPaced (url: string, rate: number, seconds: number, clie
   const secondsRun = (performance.now() - t0) / 1000
   agent.destroy()
   // Connections are the agent's, opened as needed: no first-request figure.
-  return { requests: done - errors, sent, seconds: secondsRun, rps: (done - errors) / secondsRun, bytes, latency: samples.latency(), errors, non2xx, firstOnConnection: new Samples().latency(), total: { requests: done - errors, sent } }
+  return { requests: done - errors, sent, seconds: secondsRun, rps: (done - errors) / secondsRun, bytes, latency: samples.latency(), errors, non2xx, failures, firstOnConnection: new Samples().latency(), total: { requests: done - errors, sent } }
 }

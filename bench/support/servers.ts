@@ -173,12 +173,14 @@ export async function startProxy (s: ProxyStart): Promise<Server> {
   return { child, url, logFile: s.logFile, readyMs, readyCpuMs, logReader, adminPort }
 }
 
-export async function startFloor (upstreamUrl: string, core: number | undefined, nodeArgs?: readonly string[], extraEnv?: Readonly<Record<string, string>>): Promise<Server> {
+/** `where`: a cgroup to run in and another Node binary (a fresh copy), as for the proxy (bench:accept --limit). */
+export async function startFloor (upstreamUrl: string, core: number | undefined, nodeArgs?: readonly string[], extraEnv?: Readonly<Record<string, string>>, where: { readonly cgroup?: string, readonly node?: string } = {}): Promise<Server> {
   const t0 = performance.now()
   const child = spawnNode('floor', join(BENCH_DIR, 'floor.mjs'), [], {
     env: { ...process.env, ...extraEnv, BENCH_UPSTREAM: upstreamUrl },
     ...(core === undefined ? {} : { core }),
     ...(nodeArgs === undefined ? {} : { nodeArgs }),
+    ...where,
   })
   const ready = await firstJsonLine(child)
   const readyMs = performance.now() - t0
