@@ -36,10 +36,12 @@ export interface WebhookLimits {
  * client) never pipelines, and each request waiting behind an unread answer
  * holds its objects in the heap. 16 MiB: five reviews of the
  * largest size at once (3 MiB, the API server's own limit), hundreds of
- * ordinary ones (a few KiB). 256 KiB of patch: a real one is a few KiB (the
- * sidecar, one env entry per container); 256 KiB is ~1,600 containers, and
- * 128 connections each holding one such answer unread cost 7–9 MB of the
- * kernel's socket buffers, which cgroup v2 charges to the pod (1 MiB: 36 MB).
+ * ordinary ones (a few KiB). 128 KiB of patch: a real one is a few KiB (the
+ * sidecar, one env entry per container); 128 KiB is ~800 containers. At
+ * 256 KiB, 128 connections each holding one such answer unread cost 7–9 MB
+ * of the kernel's socket buffers, which cgroup v2 charges to the pod (1 MiB:
+ * 36 MB), and the chart's 128Mi cgroup peaked at 119 MB of 134 under every
+ * attack at once: halved for margin.
  * 4 MiB of unread answers: sixteen of the largest, a thousand ordinary ones
  * (issue 43: eight unread answers of 15 MB took the process to 360 MB). 10 s: the
  * API server gives up on a webhook after its timeoutSeconds (the chart's 5,
@@ -49,7 +51,7 @@ export const WEBHOOK_LIMITS: WebhookLimits = {
   maxConnections: 128,
   maxPipelined: 4,
   bodyBytesInFlight: 16 * 1024 * 1024,
-  patchBytes: 256 * 1024,
+  patchBytes: 128 * 1024,
   answerBytesInFlight: 4 * 1024 * 1024,
   headersTimeoutMs: 10_000,
   requestTimeoutMs: 10_000,

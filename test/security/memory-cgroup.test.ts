@@ -11,7 +11,7 @@ import { join } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
 import t, { type Test } from 'tap'
 import { chartLimitMiB, createCgroup, type Cgroup } from '../../bench/cgroup.js'
-import { alive, drain, injectEnv, INJECT_LISTENING, manyContainersReview, pipelineUnread, postOnce, postUnread, probe, statusOf, trickleBodies, unfinishedUploads, type Attacker, type Trickle } from '../support/attacks.js'
+import { alive, drain, injectEnv, INJECT_LISTENING, manyContainersReview, NEAR_BOUND, pipelineUnread, postOnce, postUnread, probe, statusOf, trickleBodies, unfinishedUploads, type Attacker, type Trickle } from '../support/attacks.js'
 import { start } from '../support/cli-process.js'
 import { startUpstream } from '../support/helpers.js'
 import { startSidecar, writeKeyPair } from '../support/sidecar.js'
@@ -94,11 +94,11 @@ t.test('inject in a memory cgroup at the chart\'s limit survives every per-conne
 
   // Issue 43 first (the uploads below take the bodies' budget): one review of 99,000 containers (a
   // 15.3 MB answer before the fix, OOM-killed here), then 128 clients posting a pod near the answer's
-  // bound (1,500 containers) and never reading.
+  // bound (NEAR_BOUND containers) and never reading.
   const found = await postOnce(webhook, pki.ca, '/mutate', manyContainersReview(99_000))
   t.equal(found.status, 200, 'the 99,000-container review is answered')
   t.match(found.body, /"allowed":false.*99000 containers/, 'with a refusal naming the bound')
-  const unread = await postUnread(webhook, pki.ca, '/mutate', manyContainersReview(1500), 128)
+  const unread = await postUnread(webhook, pki.ca, '/mutate', manyContainersReview(NEAR_BOUND), 128)
   await sleep(1000)
   // 60 uploads of the largest body the webhook takes, all but its last 100 bytes sent.
   const uploads = unfinishedUploads(webhook, pki.ca, '/mutate', 3_145_628, 100, 60)

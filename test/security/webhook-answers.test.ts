@@ -17,7 +17,7 @@ import { WEBHOOK_LIMITS, type WebhookLimits } from '../../src/inject/limits.js'
 import { InjectMetrics } from '../../src/inject/metrics.js'
 import { buildWebhookServer, REVIEW_LIMITS } from '../../src/inject/server.js'
 import { createLogger } from '../../src/observability/logger.js'
-import { alive, injectEnv, INJECT_LISTENING, type Attacker, manyContainersReview, postUnread, probe, statusOf } from '../support/attacks.js'
+import { alive, injectEnv, INJECT_LISTENING, type Attacker, manyContainersReview, NEAR_BOUND, postUnread, probe, statusOf } from '../support/attacks.js'
 import { start } from '../support/cli-process.js'
 import { LogCapture, until } from '../support/helpers.js'
 import { scaled } from '../support/time-scale.js'
@@ -128,12 +128,12 @@ t.test('a long env annotation cannot multiply the patch either', async t => {
 
 t.test('a pod under the bound is injected as before', async t => {
   const { port, metrics } = await startWebhook(t)
-  const body = manyContainersReview(1000)
+  const body = manyContainersReview(NEAR_BOUND)
   const response = responseOf(await post(port, body))
   t.equal(response.allowed, true)
   t.ok((response.patch?.length ?? 0) <= WEBHOOK_LIMITS.patchBytes, `a ${response.patch?.length ?? 0}-byte patch`)
   const ops = JSON.parse(Buffer.from(response.patch ?? '', 'base64').toString('utf8')) as { path: string }[]
-  t.equal(ops.filter(o => /^\/spec\/containers\/\d+\/env$/.test(o.path)).length, 1000, 'one env operation per container')
+  t.equal(ops.filter(o => /^\/spec\/containers\/\d+\/env$/.test(o.path)).length, NEAR_BOUND, 'one env operation per container')
   // The example chart's pod, patched and valid.
   const pod = appPod()
   const real = responseOf(await post(port, JSON.stringify(podReview(pod))))
@@ -206,9 +206,9 @@ t.test('the built webhook under the image\'s flags survives one review of 99,000
   t.equal(responseOf(found).allowed, false, 'denied')
   t.match(responseOf(found).status?.message, /99000 containers/)
   const afterOne = mb('VmHWM')
-  // Then as many clients as the webhook holds connections, each posting a pod near the bound (1,500
-  // containers: a 240 KB answer) and never reading (before the fix, eight unread 15.3 MB answers: RSS 364 MB).
-  const unread = await postUnread(port, pki.ca, '/mutate', manyContainersReview(1500), WEBHOOK_LIMITS.maxConnections)
+  // Then as many clients as the webhook holds connections, each posting a pod near the bound (NEAR_BOUND
+  // containers: a ~110 KB answer) and never reading (before the fix, eight unread 15.3 MB answers: RSS 364 MB).
+  const unread = await postUnread(port, pki.ca, '/mutate', manyContainersReview(NEAR_BOUND), WEBHOOK_LIMITS.maxConnections)
   t.teardown(() => { for (const u of unread) u.socket.destroy() })
   const probes = await probe(`http://127.0.0.1:${admin}/healthz`, 10, 200)
   t.same(probes, Array(10).fill(200), '/healthz answered throughout')

@@ -156,6 +156,9 @@ export function injectEnv (pkiDir: string): Record<string, string> {
 /** Matches `inject`'s listening line: the webhook's port, then the admin port. */
 export const INJECT_LISTENING = /"port":(\d+),"admin":\{"address":"[^"]+","port":(\d+)\}.*injection webhook listening/
 
+/** Containers of a pod whose patch is just under the webhook's bound of one answer (128 KiB, ~800 containers): the largest answer a client can make it write (webhook-answers.test.ts holds that it is injected). */
+export const NEAR_BOUND = 700
+
 /**
  * An AdmissionReview (as `inject` gets it) of a pod asking for injection with
  * `containers` containers of one letter's name and no image: the patch grows
