@@ -3,6 +3,7 @@ import { closeSync, constants, mkdtempSync, openSync, readFileSync, readSync, rm
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { setImmediate as turn, setTimeout as sleep } from 'node:timers/promises'
+import { scaled } from '../support/time-scale.js'
 import t, { type Test } from 'tap'
 import { BatchedStdout } from '../../src/observability/log-destination.js'
 import { createLogger } from '../../src/observability/logger.js'
@@ -39,14 +40,16 @@ t.test('lines go out together, in order, maxDelayMs after the first of them: not
   const path = join(scratch(t), 'log')
   const fd = openSync(path, 'w')
   t.teardown(() => { closeSync(fd) })
-  const out = new BatchedStdout({ fd, maxDelayMs: 40 })
+  // 1 s: two turns of the event loop take far less even on a busy machine (40 ms did not, once).
+  const out = new BatchedStdout({ fd, maxDelayMs: 1000 })
   out.write('{"n":1}\n')
   out.write('{"n":2}\n')
   await turn()
   out.write('{"n":3,"text":"é"}\n')
   await turn()
   t.equal(readFileSync(path, 'utf8'), '', 'nothing written after two turns')
-  await sleep(60)
+  const deadline = Date.now() + scaled(5000)
+  while (readFileSync(path, 'utf8') === '' && Date.now() < deadline) await sleep(50)
   t.equal(readFileSync(path, 'utf8'), '{"n":1}\n{"n":2}\n{"n":3,"text":"é"}\n', 'all three in one batch, in order, UTF-8 intact')
   out.write('{"n":4}\n')
   out.flushSync()
