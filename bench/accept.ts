@@ -3,6 +3,7 @@
 //   npm run bench:accept -- [--targets proxy,floor,go] [--sequence 32,256,1024] [--seconds 15] [--limit <MiB>]
 //                           [--runs 1] [--load wrk|autocannon] [--timeout 10] [--wrk-threads 2]
 //                           [--node <path>] [--node-args="<flags>"] [--env NAME=value …] [--checkout <dir>] [--out <name>]
+//                           [--record] [--backlog <n>]
 //
 // Each server, fresh and pinned as in `npm run bench`, is loaded with each
 // number of keep-alive connections of --sequence in turn for --seconds, each
@@ -25,8 +26,11 @@
 // other processes used. --runs repeats it all, targets interleaved, and
 // gives the last phase as ranges. Written to bench/results/<time>-accept.json.
 // --checkout runs another built checkout's proxy (a commit before a change,
-// from `git worktree add`) as its own Dockerfile runs it.
-import { mkdirSync, readFileSync, writeFileSync } from 'node:fs'
+// from `git worktree add`) as its own Dockerfile runs it. --record preloads
+// bench/accept-recorder.mjs into the proxy and the floor: when each
+// connection was accepted, the event loop's long turns and V8's collections,
+// per phase; --backlog <n> gives their listen() that backlog (with --record).
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs'
 import { loadavg } from 'node:os'
 import { isAbsolute, join, resolve } from 'node:path'
 import { parseArgs } from 'node:util'
@@ -34,7 +38,7 @@ import { createCgroup, type Cgroup } from './cgroup.js'
 import { fixed, table } from './format.js'
 import { imageBuild } from './image.js'
 import { buildGoSigner, startGoSigner } from './go-signer.js'
-import { counterDelta, findWrk, kernelCounters, majorFaults, othersCpu, runWrk, sampleAcceptQueue, listenQueue, type KernelCounters } from './support/burst.js'
+import { counterDelta, findWrk, kernelCounters, majorFaults, othersCpu, runWrk, sampleAcceptQueue, serverViews, listenQueue, type KernelCounters, type ServerView } from './support/burst.js'
 import { installCleanup, scratchDir, stopAll, stopChild } from './support/children.js'
 import { freshBinary } from './support/fresh-binary.js'
 import { describeFailures, failureCount, runLoad, SMALL_PATH, type Failures, type Latency } from './support/load.js'
@@ -57,6 +61,8 @@ const { values } = parseArgs({
     'wrk-threads': { type: 'string', default: '2' },
     out: { type: 'string' },
     checkout: { type: 'string' },
+    record: { type: 'boolean', default: false },
+    backlog: { type: 'string' },
     help: { type: 'boolean', default: false },
   },
 })
@@ -92,6 +98,8 @@ interface Phase {
   readonly failcnt: number | null
   /** Cores' worth of CPU other processes used during the phase. */
   readonly otherCores: number
+  /** With --record (the proxy and the floor): what the server saw. */
+  server?: ServerView
 }
 interface TargetRun { readonly target: string, readonly run: number, readonly phases: Phase[], cgroupPeakMB: number | null, oomKills: number | null, alive: boolean }
 
@@ -121,17 +129,21 @@ async function main (): Promise<void> {
         const cgroup = limitMiB === undefined ? undefined : createCgroup(limitMiB * MiB, 'accept')
         if (cgroup !== undefined) cgroups.add(cgroup)
         const where = cgroup === undefined ? {} : { cgroup: cgroup.dir }
+        const recordFile = join(scratch.path, `record-${target}-${run}.json`)
+        const recorder = values.record && target !== 'go' ? { args: ['--import', join(BENCH_DIR, 'accept-recorder.mjs')], env: { ACCEPT_RECORD: recordFile, ...(values.backlog === undefined ? {} : { ACCEPT_BACKLOG: values.backlog }) } } : { args: [], env: {} }
         const fresh = (program: string, name: string): string => limitMiB === undefined ? program : freshBinary(program, scratch.path, name).path
         const server: Server = target === 'floor'
-          ? await startFloor(upstream.url, pin.sut, build.nodeArgs, imageEnvForThisNode(build.env), { ...where, node: fresh(nodeUnderTest().path, 'node-floor') })
+          ? await startFloor(upstream.url, pin.sut, [...build.nodeArgs, ...recorder.args], { ...imageEnvForThisNode(build.env), ...recorder.env }, { ...where, node: fresh(nodeUnderTest().path, 'node-floor') })
           : target === 'go' && go !== undefined && 'binary' in go
             ? await startGoSigner({ binary: fresh(go.binary, 'go-signer-fresh'), upstreamUrl: upstream.url, core: pin.sut, ...where })
-            : await startProxy({ upstreamUrl: upstream.url, logLevel: 'info', logFile: join(scratch.path, 'proxy.log'), cwd: scratch.path, core: pin.sut, nodeArgs, env, build, ...where, ...(limitMiB === undefined ? {} : { node: fresh(nodeUnderTest().path, 'node-proxy') }) })
+            : await startProxy({ upstreamUrl: upstream.url, logLevel: 'info', logFile: join(scratch.path, 'proxy.log'), cwd: scratch.path, core: pin.sut, nodeArgs: [...nodeArgs, ...recorder.args], env: { ...env, ...recorder.env }, build, ...where, ...(limitMiB === undefined ? {} : { node: fresh(nodeUnderTest().path, 'node-proxy') }) })
         const pid = server.child.pid
         const port = Number(new URL(server.url).port)
         const record: TargetRun = { target, run, phases: [], cgroupPeakMB: null, oomKills: null, alive: true }
         results.push(record)
+        const windows: [number, number][] = []
         for (const connections of sequence) {
+          const startedAt = Date.now()
           const before = { kernel: kernelCounters(), faults: majorFaults(pid), failcnt: cgroup?.failcnt() ?? Number.NaN }
           const pids = [pid, upstream.child.pid, ...(server.logReader === undefined ? [] : [server.logReader.pid])]
           const others = othersCpu(() => pids, m.clockTicks)
@@ -152,6 +164,7 @@ async function main (): Promise<void> {
             failcnt: cgroup === undefined ? null : cgroup.failcnt() - before.failcnt,
             otherCores: others(),
           })
+          windows.push([startedAt, Date.now()])
           const last = record.phases.at(-1)
           progress(`  ${target} run ${run}, ${connections} connections: p99 ${fixed(last?.latencyMs.p99 ?? Number.NaN)} ms, max ${fixed(last?.latencyMs.max ?? Number.NaN)} ms, failed: ${last === undefined ? '' : describeFailures(last.failures)}`)
           await new Promise(resolve => setTimeout(resolve, 500)) // the connections closed; the next set opens at once
@@ -161,6 +174,7 @@ async function main (): Promise<void> {
         record.oomKills = cgroup === undefined ? null : cgroup.oomKills()
         await stopChild(server.child)
         if (server.logReader !== undefined) await stopChild(server.logReader)
+        if (existsSync(recordFile)) serverViews(recordFile, windows).forEach((view, i) => { const p = record.phases[i]; if (p !== undefined) p.server = view })
         if (cgroup !== undefined) { cgroup.remove(); cgroups.delete(cgroup) }
       }
     }
@@ -183,6 +197,9 @@ function report (results: readonly TargetRun[], ctx: { m: ReturnType<typeof mach
   ]))
   const range = (xs: number[], digits?: number): string => xs.length === 0 ? '–' : Math.min(...xs) === Math.max(...xs) ? fixed(xs[0] ?? Number.NaN, digits) : `${fixed(Math.min(...xs), digits)}–${fixed(Math.max(...xs), digits)}`
   const lastPhase = sequence.at(-1) ?? 0
+  const views = results.flatMap(r => r.phases.flatMap(p => p.server === undefined
+    ? []
+    : [[r.target, r.run, p.connections, p.server.accepted, fixed(p.server.lastAcceptMs, 0), fixed(p.server.p90AcceptMs, 0), `${p.server.longTurns} / ${fixed(p.server.longTurnsMs, 0)} / ${fixed(p.server.longestTurnMs, 0)}`, `${p.server.collections} / ${fixed(p.server.collectionsMs, 0)}`]]))
   const targets = [...new Set(results.map(r => r.target))]
   const summary = targets.map(target => {
     const ps = results.filter(r => r.target === target).map(r => r.phases.at(-1)).filter((p): p is Phase => p !== undefined)
@@ -202,6 +219,7 @@ function report (results: readonly TargetRun[], ctx: { m: ReturnType<typeof mach
     `## ${lastPhase} connections at once: ranges over ${runs} run(s)`,
     '',
     table(['server', 'runs', 'worst wait (max) ms', 'p99 ms', 'failed requests', 'accept queue max', 'ListenOverflows', 'major faults', 'failcnt', 'cgroup peak MB', 'other processes, cores'], summary),
+    ...(views.length === 0 ? [] : ['', `## What the server saw (--record${values.backlog === undefined ? '' : `, listen backlog ${values.backlog}`})`, '', table(['server', 'run', 'connections', 'accepted', 'last accepted after ms', '90 % accepted after ms', 'turns > 5 ms: count / total / longest ms', 'collections: count / ms'], views)]),
   ].join('\n') + '\n')
   const dir = join(BENCH_DIR, 'results')
   mkdirSync(dir, { recursive: true })

@@ -149,3 +149,40 @@ export async function runWrk (wrk: string, scratch: string, o: { url: string, co
   }
 }
 
+
+/** What the server saw of one phase (bench/accept-recorder.mjs, `bench:accept --record`). */
+export interface ServerView {
+  readonly accepted: number
+  /** ms from the phase's start to the last connection accepted in it, and to 90 % of them. */
+  readonly lastAcceptMs: number
+  readonly p90AcceptMs: number
+  /** Event-loop turns longer than 5 ms: how many, their sum and the longest, ms. */
+  readonly longTurns: number
+  readonly longTurnsMs: number
+  readonly longestTurnMs: number
+  /** V8's collections: how many, and their sum, ms. */
+  readonly collections: number
+  readonly collectionsMs: number
+}
+
+/** The recorder's file, cut into the phases' wall-clock windows [start, end). */
+export function serverViews (file: string, windows: readonly (readonly [number, number])[]): ServerView[] {
+  const r = JSON.parse(readFileSync(file, 'utf8')) as { accepts: number[], stalls: [number, number][], gcs: [number, number][] }
+  return windows.map(([start, end]) => {
+    const inside = (t: number): boolean => t >= start && t < end
+    const accepts = r.accepts.filter(inside).map(t => t - start).sort((a, b) => a - b)
+    const stalls = r.stalls.filter(([t]) => inside(t)).map(([, ms]) => ms)
+    const gcs = r.gcs.filter(([t]) => inside(t)).map(([, ms]) => ms)
+    const total = (xs: number[]): number => xs.reduce((a, b) => a + b, 0)
+    return {
+      accepted: accepts.length,
+      lastAcceptMs: accepts.at(-1) ?? Number.NaN,
+      p90AcceptMs: accepts[Math.min(accepts.length - 1, Math.floor(0.9 * accepts.length))] ?? Number.NaN,
+      longTurns: stalls.length,
+      longTurnsMs: total(stalls),
+      longestTurnMs: stalls.length === 0 ? 0 : Math.max(...stalls),
+      collections: gcs.length,
+      collectionsMs: total(gcs),
+    }
+  })
+}
