@@ -7,6 +7,7 @@
 // a pair the upstream refuses. The app is test/kubelet/app.mjs; the upstream
 // test/kubelet/upstream.ts.
 import { join } from 'node:path'
+import { accessKeyHint } from '../../src/credentials/credentials.js'
 import { ok, section } from '../kubernetes/report.js'
 import {
   apply, appRequests, cgroupMemory, containerCgroup, containersOf, curlBody, followLog, imageValues, inNs, jsonLines, jsonLog, kubectl, metric,
@@ -237,7 +238,7 @@ export async function rotation (x: Context): Promise<void> {
     ok(putSecret(x.pairs.c, 'replace'), 'Secret cos-credentials replaced with pair c, which the upstream does not know')
     await until(`a 401 in ${name}'s app log`, 120, () => appRequests(APPS, name).some(q => q.status === '401') ? true : undefined)
     const warn = jsonLog(APPS, name, PROXY).find(l => typeof l.msg === 'string' && l.msg.startsWith('auth: the upstream answered 401'))
-    ok(warn !== undefined && warn.accessKey === x.pairs.c.key && warn.status === 401,
+    ok(warn !== undefined && warn.accessKey === accessKeyHint(x.pairs.c.key) && warn.status === 401,
       `the proxy logged the documented warning: ${JSON.stringify(warn?.msg ?? 'none').slice(0, 90)}… accessKey ${String(warn?.accessKey)}, reread ${String(warn?.reread)}`)
     const after = metric(proxyMetrics(pod), 'cos_auth_proxy_upstream_responses_total', { route: 'management', status_class: '4xx' })
     ok(after > before, `cos_auth_proxy_upstream_responses_total{route="management",status_class="4xx"} ${before} → ${after}`)
