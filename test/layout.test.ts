@@ -17,8 +17,9 @@ const MAX_LINES = 300
 // Test folders that are not one src/ folder's: attacks through a real proxy,
 // the operations docs against a real process, shared helpers, captured data,
 // the chart and the injector against a real API server (npm run test:kubernetes), pods on a real
-// node (npm run test:kubelet), the compose example under a real engine (npm run test:compose).
-const CROSS_CUTTING_TESTS = new Set(['security', 'ops', 'support', 'fixtures', 'kubernetes', 'kubelet', 'compose'])
+// node (npm run test:kubelet), the compose example under a real engine (npm run test:compose), the
+// release (its fast checks in npm test; npm run test:release against registries it starts).
+const CROSS_CUTTING_TESTS = new Set(['security', 'ops', 'support', 'fixtures', 'kubernetes', 'kubelet', 'compose', 'release'])
 
 /** docs/development.md from "## Layout" to the next "## " heading. */
 function layoutSection (): string {
