@@ -149,9 +149,13 @@ function onFirstUse (name, filter, standIn) {
         if (args.namespace === name) return undefined
         const real = await b.resolve(args.path, { kind: args.kind, importer: args.importer, resolveDir: args.resolveDir, namespace: name })
         if (real.errors.length > 0) return { errors: real.errors }
-        return { path: real.path, namespace: name }
+        // Relative: the path names the module in the bundle, which must not depend on where it was built.
+        return { path: relative(root, real.path), namespace: name }
       })
-      b.onLoad({ filter: /.*/, namespace: name }, args => ({ contents: standIn(args.path), loader: 'js', resolveDir: dirname(args.path) }))
+      b.onLoad({ filter: /.*/, namespace: name }, args => {
+        const real = join(root, args.path)
+        return { contents: standIn(real), loader: 'js', resolveDir: dirname(real) }
+      })
     },
   }
 }
@@ -217,7 +221,7 @@ function undiciPartsOnFirstUse () {
   return {
     name: 'undici-parts-on-first-use',
     setup (b) {
-      b.onResolve({ filter: /^undici$/ }, () => ({ path: main, namespace: 'undici-parts' }))
+      b.onResolve({ filter: /^undici$/ }, () => ({ path: relative(root, main), namespace: 'undici-parts' }))
       b.onLoad({ filter: /.*/, namespace: 'undici-parts' }, () => {
         const names = Object.keys(require('undici'))
         const missing = Object.keys(parts).filter(n => !names.includes(n))
