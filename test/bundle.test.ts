@@ -85,6 +85,13 @@ t.test('the classes whose names reach the logs keep them in the bundle (identifi
   t.notOk(/\b__name\(/.test(text), 'no keepNames helper: no name is set per closure at run time')
 })
 
+t.test('the bundle names no directory of the machine that built it: the image\'s build stage (/src) and a release runner make the same bytes the SBOM describes', async t => {
+  const text = readFileSync(CLI, 'utf8')
+  const root = ROOT.replace(/\/$/, '')
+  t.notOk(text.includes(root), `no ${root} in dist/cos-auth-proxy.mjs`)
+  t.notOk(/"[\w-]+:\/[^"]*node_modules\//.test(text), 'no module named by an absolute path (a first-use stand-in once was: "ws-on-first-use:/…/node_modules/ws/index.js")')
+})
+
 t.test('the bundle\'s config validator, compiled at build time, cannot accept or coerce what env-schema would not: the same configuration and the same refusals as src/config/config.ts', async t => {
   const dir = tempDir(t, 'cos-bundle-config-')
   const base = { COS_API_URL: 'http://127.0.0.1:1', COS_ACCESS_KEY: ACCESS_KEY, COS_ACCESS_KEY_SECRET: SECRET }
