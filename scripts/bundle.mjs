@@ -19,6 +19,8 @@ import { fileURLToPath, pathToFileURL } from 'node:url'
 const root = fileURLToPath(new URL('..', import.meta.url))
 export const BUNDLE = join(root, 'dist', 'cos-auth-proxy.mjs')
 const NOTICES = join(root, 'dist', 'cos-auth-proxy.licenses.txt')
+// esbuild's account of what went into the bundle: scripts/sbom.mjs lists its packages.
+const METAFILE = join(root, 'dist', 'cos-auth-proxy.meta.json')
 /**
  * The schema src/config/config.ts hands env-schema, captured by running its
  * loadConfig against a stand-in env-schema (bundled on its own into a
@@ -324,5 +326,6 @@ const result = await build({
   plugins: [configValidatorAtBuildTime(), schemaCompilersOnFirstUse(), undiciPartsOnFirstUse(), wsOnFirstUse(), httpProxyDestinationShortcut()],
 })
 writeFileSync(NOTICES, notices(result.metafile.inputs))
+writeFileSync(METAFILE, `${JSON.stringify(result.metafile)}\n`)
 const bytes = result.metafile.outputs[relative(root, BUNDLE)]?.bytes ?? 0
 process.stdout.write(`${relative(root, BUNDLE)}: ${(bytes / 1024).toFixed(0)} KiB, ${Object.keys(result.metafile.inputs).length} source files\n`)
