@@ -1,0 +1,49 @@
+// An OCI registry on loopback for the release test: go-containerregistry's
+// `crane registry serve` (manifests of any media type, so images, indexes,
+// Helm charts, cosign signatures and attestations), its blobs in a temporary
+// directory, stopped and removed by stop().
+import { spawn } from 'node:child_process'
+import { mkdtempSync, rmSync } from 'node:fs'
+import { createServer } from 'node:net'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { setTimeout as sleep } from 'node:timers/promises'
+
+export interface Registry {
+  /** 127.0.0.1:PORT */
+  host: string
+  stop: () => void
+}
+
+async function freePort (): Promise<number> {
+  const s = createServer()
+  await new Promise<void>(resolve => s.listen(0, '127.0.0.1', resolve))
+  const address = s.address()
+  await new Promise<void>(resolve => s.close(() => { resolve() }))
+  if (address === null || typeof address === 'string') throw new Error('no port')
+  return address.port
+}
+
+export async function startRegistry (crane: string): Promise<Registry> {
+  const dir = mkdtempSync(join(tmpdir(), 'cos-release-registry-'))
+  const port = await freePort()
+  const host = `127.0.0.1:${port}`
+  const child = spawn(crane, ['registry', 'serve', '--address', host, '--disk', dir], { stdio: ['ignore', 'ignore', 'pipe'] })
+  let log = ''
+  child.stderr.on('data', (b: Buffer) => { log = (log + b.toString()).slice(-4000) })
+  let stopped = false
+  const stop = (): void => {
+    if (stopped) return
+    stopped = true
+    child.kill('SIGKILL')
+    rmSync(dir, { recursive: true, force: true })
+  }
+  for (let i = 0; i < 100; i++) {
+    if (child.exitCode !== null) break
+    const up = await fetch(`http://${host}/v2/`).then(r => r.status === 200, () => false)
+    if (up) return { host, stop }
+    await sleep(100)
+  }
+  stop()
+  throw new Error(`crane registry serve did not answer on ${host}: ${log.trim()}`)
+}
