@@ -35,7 +35,8 @@
 #   chart REG/charts/cos-auth-proxy@sha256:…
 #   sbom  DIR/sbom-linux-<arch>.cdx.json REG/cos-auth-proxy@sha256:<platform digest>
 #   npm   cos-auth-proxy@X.Y.Z
-# env: COSIGN_PASSWORD (with --sign-key), HELM (a helm binary), COS_CI_CACHE (tools' cache)
+# env: COSIGN_PASSWORD (with --sign-key); COSIGN, CRANE, HELM: binaries to use (default: built
+#      from their Go modules by scripts/tools/get-go-tool.sh, helm by get-helm.sh); COS_CI_CACHE
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -77,8 +78,8 @@ trap 'rm -rf "$work"' EXIT
 t_all=$SECONDS
 
 # ---- tools ----------------------------------------------------------------------------------
-crane=$(bash scripts/tools/get-go-tool.sh crane)
-cosign=$(bash scripts/tools/get-go-tool.sh cosign)
+crane=${CRANE:-$(bash scripts/tools/get-go-tool.sh crane)}
+cosign=${COSIGN:-$(bash scripts/tools/get-go-tool.sh cosign)}
 helm=${HELM:-$(bash scripts/tools/get-helm.sh)}
 crane_flags=() cosign_reg=() helm_reg=() podman_tls=()
 if ((plain)); then
