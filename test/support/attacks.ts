@@ -2,6 +2,7 @@
 // them: requests pipelined and never read, bodies trickled a byte at a time,
 // and the probe that must keep answering meanwhile. Shared by
 // test/security/per-connection.test.ts and memory-cgroup.test.ts.
+import { get as httpGet } from 'node:http'
 import { request as httpsRequest } from 'node:https'
 import { connect, type Socket } from 'node:net'
 import { join } from 'node:path'
@@ -9,19 +10,23 @@ import { connect as tlsConnect } from 'node:tls'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { scaled } from './time-scale.js'
 
-/** The status, or the error code when there was no answer in time. */
+/**
+ * The status, or the error's code when there was no answer in time: on a new
+ * connection each time, as the kubelet probes (its HTTP probes keep no
+ * connection alive). A pooled keep-alive connection would race the server
+ * closing it as idle, which the attacks make it do, and fail as a client
+ * error that says nothing about whether the server answers.
+ */
 export async function statusOf (url: string): Promise<number | string> {
-  const ac = new AbortController()
-  const timer = setTimeout(() => { ac.abort() }, scaled(3000))
-  try {
-    const res = await fetch(url, { signal: ac.signal })
-    await res.arrayBuffer()
-    return res.status
-  } catch (err) {
-    return (err as Error).name
-  } finally {
-    clearTimeout(timer)
-  }
+  return await new Promise<number | string>(resolve => {
+    const req = httpGet(url, { agent: false, timeout: scaled(3000) }, res => {
+      res.resume()
+      res.on('end', () => { resolve(res.statusCode ?? 'no status') })
+      res.on('error', (err: NodeJS.ErrnoException) => { resolve(err.code ?? err.name) })
+    })
+    req.on('timeout', () => { req.destroy(Object.assign(new Error('no answer in time'), { code: 'TIMEOUT' })) })
+    req.on('error', (err: NodeJS.ErrnoException) => { resolve(err.code ?? err.name) })
+  })
 }
 
 export interface Attacker { readonly socket: Socket, readonly closed: Promise<void> }
