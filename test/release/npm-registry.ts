@@ -14,7 +14,6 @@
 // (node scripts/npm-package.mjs --out DIR makes the tarball).
 import { spawn, type ChildProcess } from 'node:child_process'
 import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
-import { createServer } from 'node:net'
 import { tmpdir } from 'node:os'
 import { delimiter, dirname, join, resolve } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
@@ -23,19 +22,11 @@ import { parseArgs } from 'node:util'
 import { seconds, sh } from '../kubelet/cluster.js'
 import { ok, section, summary } from '../kubernetes/report.js'
 import { scaled } from '../support/time-scale.js'
+import { freePort } from './registry.js'
 
 const ROOT = fileURLToPath(new URL('../..', import.meta.url))
 const PACKAGE = 'cos-auth-proxy'
 const PUBLISHER = { name: 'release-test', password: 'release-test-only-password' }
-
-async function freePort (): Promise<number> {
-  const s = createServer()
-  await new Promise<void>(resolve => s.listen(0, '127.0.0.1', resolve))
-  const address = s.address()
-  await new Promise<void>(resolve => s.close(() => { resolve() }))
-  if (address === null || typeof address === 'string') throw new Error('no port')
-  return address.port
-}
 
 /** The environment without npm's (npm run sets npm_config_* for its scripts) or the proxy's settings, plus `extra`. */
 function cleanEnv (extra: Record<string, string>): NodeJS.ProcessEnv {

@@ -15,7 +15,8 @@ export interface Registry {
   stop: () => void
 }
 
-async function freePort (): Promise<number> {
+/** A port free on 127.0.0.1 now (a registry's, verdaccio's). */
+export async function freePort (): Promise<number> {
   const s = createServer()
   await new Promise<void>(resolve => s.listen(0, '127.0.0.1', resolve))
   const address = s.address()
