@@ -73,6 +73,14 @@ function startUpstream (): { child: ChildProcess, say: (line: string) => void, l
   return { child, say: line => { child.stdin.write(`${line}\n`) }, lines }
 }
 
+let interrupted: () => void = () => {}
+/**
+ * For a runner's stop on an interruption (report.ts's stopOnInterruption), before its closing
+ * line: brings down what a podFromRegistry under way started (idempotent; the process's exit
+ * does it otherwise).
+ */
+export function stopPodFromRegistry (): void { interrupted() }
+
 export async function podFromRegistry (opts: FromRegistry): Promise<void> {
   const t0 = Date.now()
   const work = mkdtempSync(join(tmpdir(), 'cos-release-kubelet-'))
@@ -87,7 +95,14 @@ export async function podFromRegistry (opts: FromRegistry): Promise<void> {
     if (up) { up = false; down = node(['down'], 300_000) }
     rmSync(work, { recursive: true, force: true })
   }
-  process.once('exit', stop) // interrupted (report.ts's stopOnInterruption exits): still down
+  // interrupted (report.ts's stopOnInterruption exits the process): still down, and said so
+  const onExit = (): void => {
+    const wasUp = up
+    stop()
+    if (wasUp && down !== undefined) console.log(`# down after the interruption: exit ${down.code}\n${down.stderr.trim().split('\n').slice(-3).join('\n')}`)
+  }
+  interrupted = onExit
+  process.once('exit', onExit)
   try {
     if (!ok(node(['built']).code === 0, 'the node\'s binaries are built', 'run COS_KUBE_VERSION=… bash scripts/kube-node.sh build')) return
     const helm = helmPath()
@@ -172,7 +187,8 @@ export async function podFromRegistry (opts: FromRegistry): Promise<void> {
     const pids = relay?.pids ?? []
     const relayDir = relay?.dir
     stop()
-    process.removeListener('exit', stop)
+    process.removeListener('exit', onExit)
+    interrupted = () => {}
     if (down !== undefined) ok(down.code === 0, `down: the node stopped, the host as before up (${seconds(t)})`, `${down.stdout}${down.stderr}`.trim().split('\n').slice(-15).join('\n'))
     await new Promise(resolve => setTimeout(resolve, 200)) // the relay's halves, killed, reaped
     ok(!pids.some(alive) && (relayDir === undefined || !existsSync(relayDir)) && !existsSync(work) &&
@@ -190,7 +206,7 @@ if (process.argv[1] === fileURLToPath(import.meta.url)) {
     process.exit(2)
   }
   const chartVersion = arg('--chart-version') ?? (JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as { version: string }).version
-  stopOnInterruption('release kubelet', 1200, () => {})
+  stopOnInterruption('release kubelet', 1200, stopPodFromRegistry)
   await section('the chart from oci:// on a real node, the image pulled by digest', async () => {
     await podFromRegistry({ registry, chart: `oci://${registry}/charts/cos-auth-proxy`, chartVersion, image: `${registry}/cos-auth-proxy`, digest })
   })
