@@ -89,10 +89,17 @@ export async function podFromRegistry (opts: FromRegistry): Promise<void> {
   let relay: Relay | undefined
   let upstream: ReturnType<typeof startUpstream> | undefined
   let down: ReturnType<typeof node> | undefined
+  let runDir = ''
+  const ownRunDir = process.env.COS_KUBE_NODE_RUN === undefined // else the caller's, left alone
   const stop = (): void => {
     if (upstream?.child.exitCode === null) upstream.child.kill('SIGKILL')
     relay?.stop()
-    if (up) { up = false; down = node(['down'], 300_000) }
+    if (up) {
+      up = false
+      down = node(['down'], 300_000)
+      // kube-node.sh keeps the run directory it made (configs, logs): read when down fails, else removed
+      if (down.code === 0 && ownRunDir) rmSync(runDir, { recursive: true, force: true })
+    }
     rmSync(work, { recursive: true, force: true })
   }
   // interrupted (report.ts's stopOnInterruption exits the process): still down, and said so
@@ -113,7 +120,7 @@ export async function podFromRegistry (opts: FromRegistry): Promise<void> {
     up = true
     const started = node(['up'], 600_000)
     if (!ok(started.code === 0, `node up, only its pause image imported (${seconds(t)})`, `${started.stdout}${started.stderr}`.trim().split('\n').slice(-15).join('\n'))) return
-    const runDir = /export COS_KUBE_NODE_RUN=(\S+)/.exec(started.stdout)?.[1] ?? ''
+    runDir = /export COS_KUBE_NODE_RUN=(\S+)/.exec(started.stdout)?.[1] ?? ''
     const before = containerdImages(runDir).map(i => i.ref)
     ok(before.length > 0 && !before.some(r => r.includes('cos-auth-proxy')), `containerd holds no image of the proxy before the install: ${before.join(', ')}`)
 
@@ -191,9 +198,9 @@ export async function podFromRegistry (opts: FromRegistry): Promise<void> {
     interrupted = () => {}
     if (down !== undefined) ok(down.code === 0, `down: the node stopped, the host as before up (${seconds(t)})`, `${down.stdout}${down.stderr}`.trim().split('\n').slice(-15).join('\n'))
     await new Promise(resolve => setTimeout(resolve, 200)) // the relay's halves, killed, reaped
-    ok(!pids.some(alive) && (relayDir === undefined || !existsSync(relayDir)) && !existsSync(work) &&
+    ok(!pids.some(alive) && (relayDir === undefined || !existsSync(relayDir)) && !existsSync(work) && (runDir === '' || !ownRunDir || !existsSync(runDir)) &&
       !sh('ip', ['netns', 'list']).stdout.split('\n').some(l => l.split(' ')[0] === NETNS),
-    `no relay process (${pids.join(', ') || 'none started'}), socket directory, namespace ${NETNS} or temporary directory left (all in ${seconds(t0)})`)
+    `no relay process (${pids.join(', ') || 'none started'}), socket directory, namespace ${NETNS}, node run directory or temporary directory left (all in ${seconds(t0)})`)
   }
 }
 
