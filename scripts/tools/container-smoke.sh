@@ -301,7 +301,9 @@ if [[ $arch == arm64 ]]; then
   fi
 fi
 # stand-ins of an earlier key, untagged by the new ones
-old_standins="$(podman images --quiet --filter dangling=true --filter label=cos-ci.standin 2>/dev/null | sort -u)"
+# (podman 4.3's `podman images` fails outright while the store holds an empty manifest list,
+# as a release's `podman manifest create` leaves one until its first `add`: then none are removed)
+old_standins="$( (podman images --quiet --filter dangling=true --filter label=cos-ci.standin 2>/dev/null || true) | sort -u)"
 if [[ -n "$old_standins" ]]; then
   # shellcheck disable=SC2086 # image ids
   podman rmi $old_standins >/dev/null 2>&1 && say "removed $(wc -w <<<"$old_standins") stand-in image(s) of an earlier key"

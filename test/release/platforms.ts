@@ -186,14 +186,15 @@ async function arm64Runs (root: string, env: NodeJS.ProcessEnv, work: string): P
       COS_SHUTDOWN_TIMEOUT_MS: '5000',
     }, 'proxy')
     const ready = await poll(`http://127.0.0.1:${adminPort}/readyz`, scaled(90_000), () => proxy.exitCode === null)
-    ok(ready === 200, `linux/arm64: serve under qemu-user: admin /readyz ${ready ?? 'no answer'}`, logs.proxy.slice(-1500))
+    if (!ok(ready === 200, `linux/arm64: serve under qemu-user: admin /readyz ${ready ?? 'no answer'}`, logs.proxy.slice(-1500))) return
     const url = `http://127.0.0.1:${proxyPort}/management/v1/clusters`
     const r = await fetch(url, { signal: AbortSignal.timeout(scaled(30_000)) }).then(async res => ({ status: res.status, body: await res.text() }), (err: unknown) => ({ status: 0, body: String(err) }))
     ok(r.status === 200 && r.body.includes('"items"'), `linux/arm64: GET /management/v1/clusters through it, signed, to the mock API on loopback: ${r.status}`,
       { body: r.body.slice(0, 300), proxy: logs.proxy.slice(-1500), mock: logs.mock.slice(-800) })
     ok(!`${logs.proxy}${logs.mock}`.includes(secret), 'linux/arm64: the secret is in neither process\'s output')
+    const exited = proxy.exitCode !== null ? Promise.resolve(proxy.exitCode) : new Promise<number | null>(resolve => proxy.once('exit', c => { resolve(c) }))
     proxy.kill('SIGTERM')
-    const code = await Promise.race([new Promise<number | null>(resolve => proxy.once('exit', c => { resolve(c) })), sleep(scaled(30_000)).then(() => 'timeout' as const)])
+    const code = await Promise.race([exited, sleep(scaled(30_000)).then(() => 'timeout' as const)])
     ok(code === 0, `linux/arm64: SIGTERM: drained and exited ${String(code)}`, logs.proxy.slice(-800))
   } finally {
     for (const child of children) if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL')
