@@ -29,8 +29,9 @@
 #   not BUILDPLATFORM (nor BUILDARCH, TARGETVARIANT): give BUILDPLATFORM as a build
 #   argument, or the build stage is pulled for the target and runs under emulation.
 #   Its one-command `--platform linux/amd64,linux/arm64 --manifest` gave two amd64
-#   images under an arm64 label; and a stage's FROM --platform stays in force for the
-#   stages after it (the final stage of an arm64 pass looked for an amd64 base), hence
+#   images under an arm64 label (issue 44: not used). A stage's FROM --platform stays
+#   in force for the stages after it (tested: the final stage of an arm64 pass looked
+#   for an amd64 base), hence
 #   the explicit --platform=$TARGETPLATFORM on the stages that run the target's code.
 #   scripts/tools/container-smoke.sh --platform linux/arm64 does all this on local
 #   stand-ins of the bases.
@@ -63,15 +64,15 @@ RUN node scripts/bundle.mjs
 
 # V8's compile cache, filled once here so that every pod starts warm (Node
 # >= 22.1 reads NODE_COMPILE_CACHE; parsing and compiling the 2.2 MB bundle
-# is ~70 ms of each start otherwise). A cache entry belongs to one Node
+# is ~65 ms of each start otherwise: 157 ms against 91 ms for --version). A cache entry belongs to one Node
 # binary and architecture, one file path and one user id (the directory is
 # named after them, e.g. v24.22.3-x64-<hash>-65532), so it is made by the
 # runtime image's own node, on the path and as the user the image runs; a
 # pod run under another uid just starts cold. `help` parses the whole file;
 # nothing else is run.
 # Per architecture (the stage named compile-cache-$TARGETARCH is used):
-#   amd64  filled as above, natively.
-#   arm64  an empty directory: the arm64 image starts cold (~70 ms more per
+#   amd64  filled as above (natively on an amd64 builder).
+#   arm64  an empty directory: the arm64 image starts cold (~65 ms more per
 #          start, measured on amd64; 272 KB less image). Filling it means
 #          running the arm64 node at build time, i.e. under emulation, which
 #          podman here cannot do (no binfmt handler; BuildKit with QEMU could,
