@@ -57,7 +57,8 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 [[ -n $registry ]] || die "--registry is required (--help)"
-[[ $registry =~ ^[A-Za-z0-9.:\[\]-]+(/[a-z0-9._/-]+)?$ ]] || die "--registry: '$registry' is not HOST[:PORT][/namespace]"
+registry_re='^[][A-Za-z0-9.:-]+(/[a-z0-9._/-]+)?$'
+[[ $registry =~ $registry_re ]] || die "--registry: '$registry' is not HOST[:PORT][/namespace]"
 [[ $builder == podman || $builder == docker ]] || die "--builder: podman or docker"
 [[ -z $version ]] && version=$(node -p 'require("./package.json").version')
 [[ $version =~ ^[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$ ]] || die "--version: '$version' is not X.Y.Z"
@@ -111,15 +112,20 @@ say "bundle sha256:$bundle_sha"
 platforms=(linux/amd64 linux/arm64)
 t0=$SECONDS
 if [[ $builder == podman ]]; then
-  list=localhost/cos-auth-proxy:release-$version
-  podman manifest rm "$list" >/dev/null 2>&1 || true
-  podman manifest create "$list" >/dev/null
   for p in "${platforms[@]}"; do
-    tag=localhost/cos-auth-proxy:release-$version-${p#linux/}
-    bash scripts/tools/container-smoke.sh --build-only --keep --platform "$p" -t "$tag" \
+    bash scripts/tools/container-smoke.sh --build-only --keep --platform "$p" -t "localhost/cos-auth-proxy:release-$version-${p#linux/}" \
       --build-arg "VERSION=$version" --build-arg "REVISION=$revision" Dockerfile . >&2 \
       || die "building $p failed"
-    podman manifest add "$list" "containers-storage:$tag" >/dev/null
+  done
+  # The list only once both images exist, and never left behind: an empty list in
+  # podman 4.3's store breaks every later `podman images` ("no image found in manifest
+  # list for architecture amd64").
+  list=localhost/cos-auth-proxy:release-$version
+  podman manifest rm "$list" >/dev/null 2>&1 || true
+  trap 'podman manifest rm "$list" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+  podman manifest create "$list" >/dev/null
+  for p in "${platforms[@]}"; do
+    podman manifest add "$list" "containers-storage:localhost/cos-auth-proxy:release-$version-${p#linux/}" >/dev/null
   done
   podman manifest push --all "${podman_tls[@]}" --digestfile "$work/index.digest" "$list" "docker://$image_repo:$version" >&2 \
     || die "podman manifest push failed"

@@ -5,6 +5,7 @@
 import { createHash } from 'node:crypto'
 import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
+import { isDeepStrictEqual } from 'node:util'
 import { join } from 'node:path'
 import { equal, ok } from '../kubernetes/report.js'
 import { sh } from '../kubelet/cluster.js'
@@ -80,17 +81,22 @@ export function bundledPackages (root: string): string[] {
   return [...found].sort()
 }
 
+function attested (r: Released, ref: string): { code: number, stderr: string, boms: Bom[] } {
+  const v = sh(r.cosign, ['verify-attestation', '--key', r.publicKey, ...offline(), '--type', 'cyclonedx', ref], { timeoutMs: 120_000 })
+  const statements = v.stdout.trim().split('\n').filter(l => l.startsWith('{'))
+    .map(l => JSON.parse(Buffer.from((JSON.parse(l) as { payload: string }).payload, 'base64').toString('utf8')) as { predicateType: string, predicate: Bom })
+  return { code: v.code, stderr: v.stderr, boms: statements.filter(s => s.predicateType.includes('cyclonedx')).map(s => s.predicate) }
+}
+
 export function sbomAttested (r: Released, nodeVersions: Record<string, string>): void {
   const expected = bundledPackages(r.root)
   ok(expected.length > 30 && ['ws', 'semver', 'ajv'].every(n => expected.some(e => e.startsWith(`${n}@`))),
     `${expected.length} packages in the bundle (esbuild's metafile), ws, semver and ajv among them`)
   const bundleSha = createHash('sha256').update(readFileSync(join(r.root, 'dist', 'cos-auth-proxy.mjs'))).digest('hex')
   for (const p of r.platforms) {
-    const v = sh(r.cosign, ['verify-attestation', '--key', r.publicKey, ...offline(), '--type', 'cyclonedx', p.ref], { timeoutMs: 120_000 })
-    ok(v.code === 0, `${p.platform}: cosign verify-attestation --type cyclonedx: verified`, v.stderr.slice(-600))
-    const lines = v.stdout.trim().split('\n').filter(l => l.startsWith('{'))
-    const statements = lines.map(l => JSON.parse(Buffer.from((JSON.parse(l) as { payload: string }).payload, 'base64').toString('utf8')) as { predicateType: string, predicate: Bom })
-    const bom = statements.find(s => s.predicateType.includes('cyclonedx'))?.predicate
+    const v = attested(r, p.ref)
+    ok(v.code === 0 && v.boms.length === 1, `${p.platform}: cosign verify-attestation --type cyclonedx: verified, one SBOM`, v.stderr.slice(-600))
+    const bom = v.boms[0]
     ok(bom?.bomFormat === 'CycloneDX', `${p.platform}: the attested predicate is a CycloneDX BOM (spec ${bom?.specVersion ?? '?'})`)
     const file = JSON.parse(readFileSync(p.sbom, 'utf8')) as Bom
     equal(bom, file, `${p.platform}: the attested SBOM is the file published with the release (${p.sbom.replace(/^.*\//, '')})`)
@@ -101,4 +107,9 @@ export function sbomAttested (r: Released, nodeVersions: Record<string, string>)
     const hash = bom?.metadata?.component?.hashes?.find(h => h.alg === 'SHA-256')?.content
     equal(hash, bundleSha, `${p.platform}: the SBOM's subject is the bundle, by its sha256 (${bundleSha.slice(0, 12)}…)`)
   }
+  // The index's digest carries both, so that a user who verifies the tag finds them.
+  const index = attested(r, r.image)
+  const files = r.platforms.map(p => JSON.parse(readFileSync(p.sbom, 'utf8')) as Bom)
+  ok(index.code === 0 && index.boms.length === files.length && files.every(f => index.boms.some(b => isDeepStrictEqual(b, f))),
+    `the index's digest: cosign verify-attestation finds both platforms' SBOMs (${index.boms.length})`, index.stderr.slice(-600))
 }

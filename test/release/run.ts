@@ -1,0 +1,189 @@
+// A release, end to end, against registries this test starts (issue 44):
+//   registry.ts     an OCI registry on 127.0.0.1 (crane registry serve)
+//   scripts/release.sh --registry 127.0.0.1:PORT --sign-key <a key made here> --npm-registry <verdaccio>
+//                   the image for linux/amd64 and linux/arm64 as one index, SBOMs attested,
+//                   signatures, the chart as an OCI artifact, the npm package
+//   platforms.ts    each platform's content: the node binary's architecture, the user, the
+//                   entrypoint; the arm64 bundle run under qemu-user and answering
+//   signatures.ts   cosign verify: the release key passes, another key and an unsigned digest
+//                   fail; the SBOMs read back and compared with the bundle's packages
+//   npm-registry.ts the npm package from a registry on loopback: `npx cos-auth-proxy demo`
+//                   from an empty directory and an empty cache, 200 through it
+//   kubelet.ts      the chart installed from oci:// on a real node, whose containerd pulls
+//                   the image by digest from the registry: Ready, 200 through it
+// and nothing left behind.
+//
+// Not part of `npm test`. Run as root, after `npm ci` (CI runs it after the packaging and
+// kubelet steps, whose image stand-ins and node binaries it reuses):
+//   npm run test:release
+// Ends with "N passed, N failed"; without root or podman it says what is missing and exits 2.
+// env: COS_RELEASE_TIMEOUT_S (default 2400), COS_KUBE_VERSION (the node's, default v1.37.2).
+import { spawn, spawnSync } from 'node:child_process'
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { fileURLToPath } from 'node:url'
+import { ok, section, skipRunner, stopOnInterruption, summary } from '../kubernetes/report.js'
+import { seconds, sh } from '../kubelet/cluster.js'
+import { podFromRegistry, stopPodFromRegistry } from './kubelet.js'
+import { npmFromRegistry } from './npm-registry.js'
+import { platformContent } from './platforms.js'
+import { startRegistry, type Registry } from './registry.js'
+import { sbomAttested, signatures, type Released } from './signatures.js'
+
+const ROOT = fileURLToPath(new URL('../..', import.meta.url))
+const VERSION = (JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as { version: string }).version
+const PASSWORD = 'release-test-only'
+
+const tool = (name: string): string => {
+  const r = sh('bash', [join(ROOT, 'scripts/tools/get-go-tool.sh'), name], { timeoutMs: 1_800_000 })
+  if (r.code !== 0) throw new Error(`${name}: ${r.stderr.trim().split('\n').slice(-3).join(' / ')}`)
+  return r.stdout.trim()
+}
+
+/** Runs a command, its output shown indented as it comes; resolves with its stdout. */
+async function streamed (cmd: string, args: readonly string[], env: NodeJS.ProcessEnv): Promise<{ code: number, stdout: string }> {
+  const child = spawn(cmd, args, { cwd: ROOT, env, stdio: ['ignore', 'pipe', 'pipe'] })
+  let stdout = ''
+  child.stdout.on('data', (b: Buffer) => { stdout += b.toString(); process.stdout.write(b.toString().replace(/^/gm, '    > ')) })
+  child.stderr.on('data', (b: Buffer) => { process.stdout.write(b.toString().replace(/^/gm, '    | ')) })
+  const code = await new Promise<number>(resolve => child.on('close', c => { resolve(c ?? 1) }))
+  return { code, stdout }
+}
+
+/** The Node version inside a platform's image, read from its binary as release.sh does not: by running it. */
+function nodeVersionOf (crane: string, ref: string, platform: string, work: string): string {
+  const root = mkdtempSync(join(work, 'root-'))
+  try {
+    const x = spawnSync('bash', ['-c', `"$0" export --insecure "$1" - | tar -xf - -C "$2"`, crane, ref, root], { encoding: 'utf8' })
+    if (x.status !== 0) return `? (${x.stderr.trim()})`
+    const node = join(root, 'nodejs/bin/node')
+    const run = platform === 'linux/arm64'
+      ? sh('qemu-aarch64-static', ['-L', root, node, '--version'])
+      : sh(join(root, 'lib64/ld-linux-x86-64.so.2'), ['--library-path', `${root}/lib/x86_64-linux-gnu:${root}/usr/lib/x86_64-linux-gnu`, node, '--version'])
+    return run.stdout.trim().replace(/^v/, '')
+  } finally {
+    rmSync(root, { recursive: true, force: true })
+  }
+}
+
+let stopAll: () => void = () => {}
+
+async function main (): Promise<number> {
+  if (process.getuid?.() !== 0) skipRunner('release', 'not root', 'run as root (rootful podman, the node\'s network namespace)')
+  if (sh('podman', ['--version']).code !== 0) skipRunner('release', 'no podman', 'apt-get install podman (the images are built with it)')
+  const t0 = Date.now()
+  const work = mkdtempSync(join(tmpdir(), 'cos-release-'))
+  let registry: Registry | undefined
+  let stopped = false
+  stopAll = () => {
+    if (stopped) return
+    stopped = true
+    stopPodFromRegistry()
+    registry?.stop()
+    sh('podman', ['manifest', 'rm', `localhost/cos-auth-proxy:release-${VERSION}`])
+    for (const arch of ['amd64', 'arm64']) sh('podman', ['rmi', '--force', `localhost/cos-auth-proxy:release-${VERSION}-${arch}`])
+    rmSync(work, { recursive: true, force: true })
+  }
+  stopOnInterruption('release', Number(process.env.COS_RELEASE_TIMEOUT_S ?? '2400'), stopAll)
+
+  let crane = ''
+  let cosign = ''
+  await section('tools', async () => {
+    const t = Date.now()
+    crane = tool('crane')
+    cosign = tool('cosign')
+    ok(crane !== '' && cosign !== '', `crane and cosign, built from their Go modules or cached (${seconds(t)})`)
+    if (sh('qemu-aarch64-static', ['--version']).code !== 0) {
+      sh('apt-get', ['install', '-y', '-qq', '--no-install-recommends', 'qemu-user-static'], { env: { ...process.env, DEBIAN_FRONTEND: 'noninteractive' }, timeoutMs: 600_000 })
+    }
+    ok(sh('qemu-aarch64-static', ['--version']).code === 0, 'qemu-aarch64-static (Debian\'s qemu-user-static; nothing registered with binfmt_misc)')
+  })
+
+  const keys = { release: join(work, 'release'), other: join(work, 'other') }
+  await section('registry and keys', async () => {
+    registry = await startRegistry(crane)
+    ok(true, `crane registry serve on ${registry.host}, its blobs in a temporary directory`)
+    for (const dir of Object.values(keys)) {
+      const g = sh('bash', ['-c', `mkdir -p "$1" && cd "$1" && "$0" generate-key-pair`, cosign, dir], { env: { ...process.env, COSIGN_PASSWORD: PASSWORD } })
+      ok(g.code === 0, `cosign generate-key-pair in ${dir.replace(work, '<tmp>')}`, g.stderr)
+    }
+  })
+  if (registry === undefined) { stopAll(); return end(t0) }
+  const reg = registry.host
+
+  const out = join(work, 'out')
+  const lines: Record<string, string[]> = {}
+  await section('scripts/release.sh', async () => {
+    const t = Date.now()
+    const r = await streamed('bash', ['scripts/release.sh', '--registry', reg, '--version', VERSION, '--sign-key', join(keys.release, 'cosign.key'), '--out', out],
+      { ...process.env, COSIGN_PASSWORD: PASSWORD })
+    for (const line of r.stdout.trim().split('\n')) {
+      const [kind, ...rest] = line.split(' ')
+      if (kind !== undefined && rest.length > 0) (lines[kind] ??= []).push(rest.join(' '))
+    }
+    ok(r.code === 0, `scripts/release.sh --registry ${reg} --version ${VERSION} --sign-key <key>: exit ${r.code} (${seconds(t)})`)
+    ok(lines.image?.[0]?.startsWith(`${reg}/cos-auth-proxy@sha256:`) === true, `image ${lines.image?.[0] ?? '(none)'}`)
+    ok(lines.chart?.[0]?.startsWith(`${reg}/charts/cos-auth-proxy@sha256:`) === true, `chart ${lines.chart?.[0] ?? '(none)'}`)
+    ok(lines.sbom?.length === 2, `sbom: ${lines.sbom?.length ?? 0} lines (one per platform)`)
+    ok(lines.npm?.[0]?.startsWith(`cos-auth-proxy@${VERSION}`) === true, `npm ${lines.npm?.[0] ?? '(none)'}`)
+  })
+  const image = lines.image?.[0]
+  const chart = lines.chart?.[0]
+  if (image === undefined || chart === undefined) { stopAll(); return end(t0) }
+
+  await section('each platform\'s content', async () => {
+    await platformContent({ crane, ref: image, insecure: true })
+  })
+
+  const platforms = (lines.sbom ?? []).map(l => {
+    const [sbom = '', ref = ''] = l.split(' ')
+    return { platform: `linux/${/sbom-linux-(\w+)\.cdx\.json$/.exec(sbom)?.[1] ?? '?'}`, ref, sbom }
+  })
+  const released: Released = { cosign, crane, publicKey: join(keys.release, 'cosign.pub'), otherKey: join(keys.other, 'cosign.pub'), image, chart, platforms, root: ROOT }
+  await section('signatures', async () => { signatures(released) })
+  await section('SBOMs', async () => {
+    const versions = Object.fromEntries(platforms.map(p => [p.platform, nodeVersionOf(crane, p.ref, p.platform, work)]))
+    sbomAttested(released, versions)
+  })
+
+  await section('the npm package, from a registry on loopback', async () => {
+    const tgz = /\(packed: (\S+\.tgz);/.exec(lines.npm?.[0] ?? '')?.[1] ?? ''
+    ok(tgz !== '', `the packed npm package in the release's output (${tgz.replace(out, '<out>')})`)
+    if (tgz !== '') await npmFromRegistry({ tgz, version: VERSION })
+  })
+
+  await section('the chart from oci:// on a real node, the image pulled by digest', async () => {
+    await podFromRegistry({
+      registry: reg,
+      chart: `oci://${reg}/charts/cos-auth-proxy`,
+      chartVersion: VERSION,
+      image: `${reg}/cos-auth-proxy`,
+      digest: image.replace(/^.*@/, ''),
+    })
+  })
+
+  await section('nothing left', async () => {
+    stopAll()
+    // [c]rane: the pattern does not match its own command line
+    const left = sh('pgrep', ['-af', '[c]rane.* registry serve|[v]erdaccio']).stdout.trim()
+    ok(left === '', 'no registry process left', left)
+    ok(sh('podman', ['image', 'exists', `localhost/cos-auth-proxy:release-${VERSION}-arm64`]).code !== 0, 'the per-platform images removed from podman\'s store')
+  })
+  return end(t0)
+}
+
+function end (t0: number): number {
+  const s = summary()
+  if (s.failures.length > 0) console.log(`failed:\n${s.failures.map(f => `  ${f}`).join('\n')}`)
+  console.log(`# release: ${seconds(t0)} in all`)
+  console.log(`${s.passed} passed, ${s.failed} failed`)
+  return s.failed === 0 ? 0 : 1
+}
+
+main().then(code => { process.exitCode = code }, (err: unknown) => {
+  console.log(err instanceof Error ? err.stack : String(err))
+  stopAll()
+  console.log(`${summary().passed} passed, ${summary().failed + 1} failed`)
+  process.exitCode = 1
+})
