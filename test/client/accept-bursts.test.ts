@@ -120,8 +120,11 @@ t.test('a burst of 1,024 new connections is not left waiting seconds behind the 
   const worst = Math.max(...firstAnswerMs)
   t.equal(failures, 0, 'no connection refused, reset or closed before its answer')
   // Counted, not timed: while the last connection waited, the others were
-  // answered that many times (0–3 rounds here; 35–51 rounds before the fix).
-  t.ok(answersBeforeLast < 8 * BURST, `${answersBeforeLast} answers to the others before the last first answer (bound ${8 * BURST})`)
+  // answered that many times: 0–3 rounds here on a quiet machine, 14 beside two
+  // busy loops (the accept burst's pause of the busy ones is bounded in wall-clock
+  // time, which a starved process stretches over more rounds); 35–51 rounds
+  // before the fix on a quiet machine.
+  t.ok(answersBeforeLast < 24 * BURST, `${answersBeforeLast} answers to the others before the last first answer (bound ${24 * BURST})`)
   // And in time, with room (this process opening 1,024 connections is most of it):
   // 0.9–1.7 s here, 6–8.7 s before the fix, on a quiet 2-core machine.
   t.ok(worst < scaled(4000), `the last first answer came ${worst.toFixed(0)} ms after the burst began (bound ${scaled(4000)} ms)`)
