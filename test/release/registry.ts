@@ -3,7 +3,7 @@
 // Helm charts, cosign signatures and attestations), its blobs in a temporary
 // directory, stopped and removed by stop().
 import { spawn } from 'node:child_process'
-import { mkdtempSync, rmSync } from 'node:fs'
+import { closeSync, mkdirSync, mkdtempSync, openSync, readFileSync, rmSync } from 'node:fs'
 import { createServer } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
@@ -12,6 +12,7 @@ import { setTimeout as sleep } from 'node:timers/promises'
 export interface Registry {
   /** 127.0.0.1:PORT */
   host: string
+  pid: number
   stop: () => void
 }
 
@@ -27,11 +28,17 @@ export async function freePort (): Promise<number> {
 
 export async function startRegistry (crane: string): Promise<Registry> {
   const dir = mkdtempSync(join(tmpdir(), 'cos-release-registry-'))
+  const blobs = join(dir, 'blobs')
+  mkdirSync(blobs)
   const port = await freePort()
   const host = `127.0.0.1:${port}`
-  const child = spawn(crane, ['registry', 'serve', '--address', host, '--disk', dir], { stdio: ['ignore', 'ignore', 'pipe'] })
-  let log = ''
-  child.stderr.on('data', (b: Buffer) => { log = (log + b.toString()).slice(-4000) })
+  // Its log (a line per request) to a file, never to a pipe: this process waits in
+  // spawnSync for minutes and would not read one, and the registry, blocked writing
+  // its log to a full pipe, would stop answering (it did: cosign waited 120 s).
+  const log = join(dir, 'registry.log')
+  const fd = openSync(log, 'w')
+  const child = spawn(crane, ['registry', 'serve', '--address', host, '--disk', blobs], { stdio: ['ignore', 'ignore', fd] })
+  closeSync(fd)
   let stopped = false
   const stop = (): void => {
     if (stopped) return
@@ -42,9 +49,10 @@ export async function startRegistry (crane: string): Promise<Registry> {
   for (let i = 0; i < 100; i++) {
     if (child.exitCode !== null) break
     const up = await fetch(`http://${host}/v2/`).then(r => r.status === 200, () => false)
-    if (up) return { host, stop }
+    if (up) return { host, pid: child.pid ?? 0, stop }
     await sleep(100)
   }
+  const said = readFileSync(log, 'utf8').slice(-4000).trim()
   stop()
-  throw new Error(`crane registry serve did not answer on ${host}: ${log.trim()}`)
+  throw new Error(`crane registry serve did not answer on ${host}: ${said}`)
 }

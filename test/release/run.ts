@@ -169,9 +169,9 @@ async function main (): Promise<number> {
 
   await section('nothing left', async () => {
     stopAll()
-    // [c]rane: the pattern does not match its own command line
-    const left = sh('pgrep', ['-af', '[c]rane.* registry serve|[v]erdaccio']).stdout.trim()
-    ok(left === '', 'no registry process left', left)
+    const pid = registry?.pid ?? 0
+    const left = sh('ps', ['-o', 'pid=,args=', '-p', String(pid)]).stdout.trim()
+    ok(pid > 0 && left === '', `the registry's process (${pid}) is gone`, left)
     equal(images(), imagesBefore, `podman's store holds the project's images it held before (${imagesBefore.join(', ') || 'none'}): the per-platform images and the list removed`)
   })
   return end(t0)
