@@ -13,6 +13,8 @@ export interface Registry {
   /** 127.0.0.1:PORT */
   host: string
   pid: number
+  /** Resolves once the process has exited (after stop()). */
+  exited: Promise<void>
   stop: () => void
 }
 
@@ -39,6 +41,7 @@ export async function startRegistry (crane: string): Promise<Registry> {
   const fd = openSync(log, 'w')
   const child = spawn(crane, ['registry', 'serve', '--address', host, '--disk', blobs], { stdio: ['ignore', 'ignore', fd] })
   closeSync(fd)
+  const exited = new Promise<void>(resolve => child.once('exit', () => { resolve() }))
   let stopped = false
   const stop = (): void => {
     if (stopped) return
@@ -49,7 +52,7 @@ export async function startRegistry (crane: string): Promise<Registry> {
   for (let i = 0; i < 100; i++) {
     if (child.exitCode !== null) break
     const up = await fetch(`http://${host}/v2/`).then(r => r.status === 200, () => false)
-    if (up) return { host, pid: child.pid ?? 0, stop }
+    if (up) return { host, pid: child.pid ?? 0, exited, stop }
     await sleep(100)
   }
   const said = readFileSync(log, 'utf8').slice(-4000).trim()

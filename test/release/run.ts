@@ -170,6 +170,7 @@ async function main (): Promise<number> {
   await section('nothing left', async () => {
     stopAll()
     const pid = registry?.pid ?? 0
+    await Promise.race([registry?.exited, new Promise(resolve => setTimeout(resolve, 5000))])
     const left = sh('ps', ['-o', 'pid=,args=', '-p', String(pid)]).stdout.trim()
     ok(pid > 0 && left === '', `the registry's process (${pid}) is gone`, left)
     equal(images(), imagesBefore, `podman's store holds the project's images it held before (${imagesBefore.join(', ') || 'none'}): the per-platform images and the list removed`)
