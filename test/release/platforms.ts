@@ -53,7 +53,8 @@ export interface PlatformOptions {
   insecure: boolean
 }
 
-export async function platformContent (opts: PlatformOptions): Promise<void> {
+/** Checks each entry; resolves with the Node version each platform's image carries (its node, run), for the SBOM check. */
+export async function platformContent (opts: PlatformOptions): Promise<Record<string, string>> {
   const flags = opts.insecure ? ['--insecure'] : []
   const repo = opts.ref.replace(/@sha256:[0-9a-f]{64}$/, '').replace(/:[^/:]+$/, '')
   const crane = (...args: string[]): string => {
@@ -68,6 +69,7 @@ export async function platformContent (opts: PlatformOptions): Promise<void> {
 
   const work = mkdtempSync(join(tmpdir(), 'cos-platforms-'))
   const bundles = new Map<string, string>()
+  const nodeVersions: Record<string, string> = {}
   try {
     for (const entry of entries) {
       const os = entry.platform?.os ?? '?'
@@ -98,15 +100,20 @@ export async function platformContent (opts: PlatformOptions): Promise<void> {
         `${platform}: /app/compile-cache holds ${caches === undefined ? 'nothing (missing)' : caches.length === 0 ? 'no entry (starts cold)' : caches.join(', ')}`)
 
       const env = imageEnv(config, root)
+      // Its node, run on this machine: through the image's own loader, or under qemu-user.
+      const node = arch === 'amd64'
+        ? [join(root, 'lib64/ld-linux-x86-64.so.2'), '--library-path', `${root}/lib/x86_64-linux-gnu:${root}/usr/lib/x86_64-linux-gnu`, join(root, 'nodejs/bin/node')]
+        : [qemu(), '-L', root, join(root, 'nodejs/bin/node')]
+      nodeVersions[platform] = sh(node[0] ?? '', [...node.slice(1), '--version'], { env, timeoutMs: scaled(120_000) }).stdout.trim().replace(/^v/, '')
       if (arch === 'amd64') {
-        const loader = join(root, 'lib64/ld-linux-x86-64.so.2')
-        const v = sh(loader, ['--library-path', `${root}/lib/x86_64-linux-gnu:${root}/usr/lib/x86_64-linux-gnu`, join(root, 'nodejs/bin/node'), ...ENTRYPOINT.slice(1, -1), join(root, BUNDLE), '--version'], { env, timeoutMs: scaled(60_000) })
+        const v = sh(node[0] ?? '', [...node.slice(1), ...ENTRYPOINT.slice(1, -1), join(root, BUNDLE), '--version'], { env, timeoutMs: scaled(60_000) })
         equal(v.stdout.trim(), `cos-auth-proxy ${VERSION}`, `${platform}: its node, through its own loader, runs the bundle: --version says ${v.stdout.trim() || v.stderr.trim().slice(0, 200)}`)
       }
       if (arch === 'arm64') await arm64Runs(root, env, work)
       rmSync(root, { recursive: true, force: true })
     }
     ok(bundles.size === 2 && new Set(bundles.values()).size === 1, `the bundle is the same bytes on both platforms (bundled once: ${[...new Set(bundles.values())].map(h => h.slice(0, 12)).join(', ')})`)
+    return nodeVersions
   } finally {
     rmSync(work, { recursive: true, force: true })
   }
