@@ -158,8 +158,12 @@ const commands: Record<string, (args: string[]) => Promise<void>> = {
   async inject (args) {
     const { values } = parse(args, { print: { type: 'boolean' } })
     // Loaded on demand: `serve` never loads the webhook.
-    if (values.print !== true) return await (await import('./inject/run.js')).runInject(await version())
-    const [{ loadInjectConfig }, { preview }] = await Promise.all([import('./inject/config.js'), import('./inject/preview.js')])
+    const { loadInjectConfig } = await import('./inject/config.js')
+    if (values.print !== true) {
+      const config = loadInjectConfig(process.env, { programVersion: await version() })
+      return await (await import('./inject/run.js')).runInject(config, await version())
+    }
+    const { preview } = await import('./inject/preview.js')
     const { settings } = loadInjectConfig(process.env, { programVersion: await version(), serving: false })
     let input = ''
     for await (const chunk of process.stdin) input += String(chunk)

@@ -15,7 +15,7 @@ import { answerReview, MalformedReview, type InjectSettings, type ReviewAnswer }
 export interface CertificateFiles { readonly certFile: string, readonly keyFile: string }
 
 export interface WebhookOptions {
-  /** Asked per review: the definition can be replaced while serving (SidecarSource, run.ts). */
+  /** Asked per review: the definition can be replaced while serving (SidecarSource, sidecar-source.ts). */
   readonly settings: () => InjectSettings
   readonly tls: CertificateFiles
   readonly metrics: InjectMetrics
