@@ -36,8 +36,9 @@
 # Needs root (network namespace, rootful podman).
 set -euo pipefail
 
-log() { printf '[compose-engine] %s\n' "$*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
+LOG_TAG=compose-engine
+# shellcheck source=scripts/lib/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"   # log, die (exit 1)
 
 # command:package, and the CNI plugins podman's networks use (dnsname: the service names)
 TOOLS="docker-compose:docker-compose podman:podman runc:runc conmon:conmon nsenter:util-linux ip:iproute2 curl:curl iptables:iptables dnsmasq:dnsmasq-base ldd:libc-bin"

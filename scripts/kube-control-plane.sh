@@ -9,7 +9,8 @@
 #   scripts/kube-control-plane.sh start    build if needed, make a throwaway CA and certs,
 #                                          start the three on 127.0.0.1, print the
 #                                          kubeconfig's path and the PIDs
-#   scripts/kube-control-plane.sh stop     stop exactly the PIDs `start` recorded
+#   scripts/kube-control-plane.sh stop     stop exactly what `start` started: its undo journal
+#                                          (RUN/journal) replayed newest first
 #   scripts/kube-control-plane.sh status   the PIDs and whether /readyz answers
 #   scripts/kube-control-plane.sh env      export lines: KUBECONFIG, COS_KUBE_BIN, ...
 #   scripts/kube-control-plane.sh built    exit 0 if the binaries are in the cache
@@ -29,7 +30,14 @@
 #                      (default 12379) and +1 for its peer port; KCM COS_KUBE_KCM_PORT (10257)
 #   COS_KUBE_NICE      nice level of the build (default 19)
 #   COS_KUBE_BUILD_JOBS  go build -p (default 2)
+#
+# Exit codes (scripts/lib/common.sh): 0 done, 1 failed (a failed `start` first stops what it
+# started), 2 usage. `start` journals each daemon's stop as it launches it (RUN/journal);
+# `stop` and a failed `start` replay the journal (scripts/lib/common.sh's `undo`).
 set -euo pipefail
+LOG_TAG=kube-control-plane
+# shellcheck source=scripts/lib/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"   # log, die, alive, launch, wait_until, journal, undo
 # shellcheck source=scripts/kubeconfig.sh
 . "$(dirname "${BASH_SOURCE[0]}")/kubeconfig.sh"
 
@@ -44,9 +52,6 @@ JOBS=${COS_KUBE_BUILD_JOBS:-2}
 VDIR=$CACHE/$K8S_VERSION
 BIN=$VDIR/bin
 BINARIES="etcd kube-apiserver kube-controller-manager"
-
-log() { printf '[kube-control-plane] %s\n' "$*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
 
 built() {
   local b
@@ -157,25 +162,6 @@ kubeconfig() { # dir user
 }
 
 # ---------------------------------------------------------------- start / stop
-alive() { [ -f "$1/$2.pid" ] && kill -0 "$(cat "$1/$2.pid")" 2>/dev/null; }
-
-launch() { # dir name cmd...
-  local dir=$1 name=$2; shift 2
-  setsid "$@" >"$dir/$name.log" 2>&1 </dev/null &
-  echo $! >"$dir/$name.pid"
-}
-
-wait_for() { # dir name seconds url [curl args...]
-  local dir=$1 name=$2 n=$3 url=$4; shift 4
-  local i
-  for ((i = 0; i < n * 4; i++)); do
-    curl -fsS -o /dev/null "$@" "$url" 2>/dev/null && return 0
-    alive "$dir" "$name" || { tail -20 "$dir/$name.log" >&2; stop; die "$name exited, see $dir/$name.log"; }
-    sleep 0.25
-  done
-  tail -20 "$dir/$name.log" >&2; stop; die "$name not ready after ${n}s ($url)"
-}
-
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 start() {
@@ -196,12 +182,16 @@ start() {
   pki "$dir"
   kubeconfig "$dir" admin
   kubeconfig "$dir" kcm
+  # from here on, a failure (or ^C) stops what was started: each launch journals its stop
+  JOURNAL=$dir/journal
+  on_failure stop
   launch "$dir" etcd "$BIN/etcd" --name cos-test --data-dir "$dir/etcd" \
     --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
     --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
     --initial-cluster "cos-test=http://127.0.0.1:$ETCD_PEER_PORT" \
     --unsafe-no-fsync --quota-backend-bytes 1073741824
-  wait_for "$dir" etcd 30 "http://127.0.0.1:$ETCD_PORT/health"
+  journal stop_daemon "$dir" etcd
+  wait_until 30 etcd -a "$dir:etcd" curl -fsS -o /dev/null "http://127.0.0.1:$ETCD_PORT/health"
   # --endpoint-reconciler-type=none: no `kubernetes` Endpoints for 127.0.0.1 (loopback is
   # refused there). No kube-proxy, no scheduler, no kubelet: Pods stay Pending.
   launch "$dir" kube-apiserver "$BIN/kube-apiserver" \
@@ -216,8 +206,10 @@ start() {
     --authorization-mode=Node,RBAC --allow-privileged=true \
     --enable-admission-plugins=NamespaceLifecycle,LimitRanger,ServiceAccount,DefaultTolerationSeconds,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ResourceQuota \
     --profiling=false ${COS_KUBE_APISERVER_ARGS:-}
-  wait_for "$dir" kube-apiserver 120 "https://127.0.0.1:$PORT/readyz" --cacert "$dir/pki/ca.crt" \
-    --cert "$dir/pki/admin.crt" --key "$dir/pki/admin.key"
+  journal stop_daemon "$dir" kube-apiserver
+  wait_until 120 "kube-apiserver (https://127.0.0.1:$PORT/readyz)" -a "$dir:kube-apiserver" \
+    curl -fsS -o /dev/null --cacert "$dir/pki/ca.crt" --cert "$dir/pki/admin.crt" --key "$dir/pki/admin.key" \
+    "https://127.0.0.1:$PORT/readyz"
   launch "$dir" kube-controller-manager "$BIN/kube-controller-manager" \
     --kubeconfig="$dir/kcm.kubeconfig" --authentication-kubeconfig="$dir/kcm.kubeconfig" \
     --authorization-kubeconfig="$dir/kcm.kubeconfig" \
@@ -226,38 +218,28 @@ start() {
     --service-account-private-key-file="$dir/pki/sa.key" --root-ca-file="$dir/pki/ca.crt" \
     --cluster-signing-cert-file="$dir/pki/ca.crt" --cluster-signing-key-file="$dir/pki/ca.key" \
     ${COS_KUBE_KCM_ARGS:-}
+  journal stop_daemon "$dir" kube-controller-manager
   # The "default" ServiceAccount in "default" shows the controllers are working
   # (without it the ServiceAccount admission plugin refuses every Pod).
-  local i ok=0
-  for ((i = 0; i < 240; i++)); do
-    if curl -fsS -o /dev/null --cacert "$dir/pki/ca.crt" --cert "$dir/pki/admin.crt" --key "$dir/pki/admin.key" \
-      "https://127.0.0.1:$PORT/api/v1/namespaces/default/serviceaccounts/default" 2>/dev/null; then ok=1; break; fi
-    alive "$dir" kube-controller-manager || { tail -20 "$dir/kube-controller-manager.log" >&2; stop; die "kube-controller-manager exited"; }
-    sleep 0.25
-  done
-  [ "$ok" = 1 ] || { tail -20 "$dir/kube-controller-manager.log" >&2; stop; die "no default ServiceAccount after 60 s"; }
+  wait_until 60 "the default ServiceAccount (kube-controller-manager)" -a "$dir:kube-controller-manager" \
+    curl -fsS -o /dev/null --cacert "$dir/pki/ca.crt" --cert "$dir/pki/admin.crt" --key "$dir/pki/admin.key" \
+    "https://127.0.0.1:$PORT/api/v1/namespaces/default/serviceaccounts/default" \
+    || { tail -20 "$dir/kube-controller-manager.log" >&2; false; }
+  on_failure -
   echo "kube-apiserver $("$BIN/kube-apiserver" --version | awk '{print $2}') ready on https://127.0.0.1:$PORT in $((SECONDS - t0)) s"
   echo "KUBECONFIG=$dir/admin.kubeconfig"
   local n
   for n in etcd kube-apiserver kube-controller-manager; do echo "$n pid $(cat "$dir/$n.pid") log $dir/$n.log"; done
 }
 
-# Stops the PIDs `start` recorded, and only those: TERM, then KILL after 15 s.
+# Stops what `start` started, and only that (TERM, then KILL after 15 s): its journal replayed
+# newest first; then any PID file left (a run directory from before the journal).
 stop() {
   local dir; dir=$(run_dir)
   [ -n "$dir" ] && [ -d "$dir" ] || return 0
-  local n pid i
-  for n in kube-controller-manager kube-apiserver etcd; do
-    [ -f "$dir/$n.pid" ] || continue
-    pid=$(cat "$dir/$n.pid")
-    if kill -0 "$pid" 2>/dev/null; then
-      kill "$pid" 2>/dev/null || true
-      for ((i = 0; i < 60; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
-      kill -0 "$pid" 2>/dev/null && kill -9 "$pid" 2>/dev/null
-      log "stopped $n (pid $pid)"
-    fi
-    rm -f "$dir/$n.pid"
-  done
+  undo "$dir/journal" || true
+  local n
+  for n in kube-controller-manager kube-apiserver etcd; do stop_daemon "$dir" "$n"; done
 }
 
 status() {
@@ -296,5 +278,5 @@ case ${1:-} in
   env) print_env ;;
   clean) clean ;;
   bin) echo "$BIN" ;;
-  *) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) usage ;;
 esac
