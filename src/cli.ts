@@ -59,12 +59,12 @@ async function credentialsOrExit (config: Config): Promise<Extract<Awaited<Retur
 const commands: Record<string, (args: string[]) => Promise<void>> = {
   async serve (args) {
     parse(args, {})
-    const config = loadConfig()
+    const config = loadConfig({ env: process.env })
     // Credential files that are missing or empty do not stop it: it starts
     // unready and picks them up when they appear (a Secret mounted late).
     const [{ createLogger, inLogFormat, stdoutDestination }, { serve }] = await Promise.all([import('./observability/logger.js'), import('./server.js')])
     const stdout = stdoutDestination()
-    const logger = createLogger(config.logLevel, await inLogFormat(config.logFormat, stdout))
+    const logger = createLogger(config.logLevel, await inLogFormat(config.logFormat, stdout, colour()))
     await serve({ config, logger, logLinesDropped: () => stdout.dropped })
   },
 
@@ -72,7 +72,7 @@ const commands: Record<string, (args: string[]) => Promise<void>> = {
     const { values } = parse(args, { timeout: { type: 'string' } })
     const timeoutS = values.timeout === undefined ? 30 : Number(values.timeout)
     if (!Number.isFinite(timeoutS) || timeoutS <= 0) throw new UsageError('--timeout must be a number of seconds > 0')
-    const { admin } = loadConfig({ needs: 'nothing' })
+    const { admin } = loadConfig({ env: process.env, needs: 'nothing' })
     const host = admin.host === '0.0.0.0' ? '127.0.0.1' : admin.host === '::' ? '::1' : admin.host
     const url = `http://${host.includes(':') ? `[${host}]` : host}:${admin.port}/readyz`
     const deadline = Date.now() + timeoutS * 1000
@@ -94,7 +94,7 @@ const commands: Record<string, (args: string[]) => Promise<void>> = {
     const { values } = parse(args, { timestamp: { type: 'string' }, nonce: { type: 'string' }, raw: { type: 'boolean' } })
     if (values.timestamp !== undefined && !/^(0|[1-9][0-9]{0,19})$/.test(values.timestamp)) throw new UsageError('--timestamp must be a decimal number of nanoseconds (0 = now)')
     if (values.nonce !== undefined && !/^[0-9a-f]{1,128}$/.test(values.nonce)) throw new UsageError('--nonce must be lowercase hex')
-    const config = loadConfig({ needs: 'credentials' })
+    const config = loadConfig({ env: process.env, needs: 'credentials' })
     const pair = await credentialsOrExit(config)
     const { encodeToken, formatToken, mintFields } = await import('./token/token.js')
     const fields = mintFields({ accessKey: pair.accessKey, key: pair.key, timestamp: values.timestamp, nonce: values.nonce })
@@ -108,7 +108,7 @@ const commands: Record<string, (args: string[]) => Promise<void>> = {
     if (token === undefined) throw new UsageError('verify needs a TOKEN')
     const maxAge = values['max-age']
     if (maxAge !== undefined && !/^[0-9]+$/.test(maxAge)) throw new UsageError('--max-age must be a whole number of seconds')
-    const config = loadConfig({ needs: 'credentials' })
+    const config = loadConfig({ env: process.env, needs: 'credentials' })
     const pair = await credentialsOrExit(config)
     const { verifyToken } = await import('./token/token.js')
     const result = verifyToken(token, {
@@ -128,13 +128,13 @@ const commands: Record<string, (args: string[]) => Promise<void>> = {
   async config (args) {
     parse(args, {})
     try {
-      process.stdout.write(describeConfig(loadConfig()) + '\n')
+      process.stdout.write(describeConfig(loadConfig({ env: process.env })) + '\n')
     } catch (err) {
       if (!(err instanceof ConfigError)) throw err
       // Not enough to serve (no URL, no credentials): the defaults and what
       // is set are shown all the same, then the line saying what is missing
       // (exit 78, as serve would). A bad value stops here too, named.
-      process.stdout.write(describeConfig(loadConfig({ needs: 'nothing' })) + '\n')
+      process.stdout.write(describeConfig(loadConfig({ env: process.env, needs: 'nothing' })) + '\n')
       throw err
     }
     return Promise.resolve()
@@ -144,10 +144,10 @@ const commands: Record<string, (args: string[]) => Promise<void>> = {
     const { values } = parse(args, { port: { type: 'string' } })
     const port = values.port === undefined ? 8081 : Number(values.port)
     if (!Number.isInteger(port) || port < 0 || port > 65535) throw new UsageError('--port must be 0-65535')
-    const config = loadConfig({ needs: 'credentials' })
+    const config = loadConfig({ env: process.env, needs: 'credentials' })
     const pair = await credentialsOrExit(config)
     const [{ createLogger, inLogFormat, stdoutDestination }, { buildMockApi }] = await Promise.all([import('./observability/logger.js'), import('./mock-api/mock-api.js')])
-    const logger = createLogger(config.logLevel, await inLogFormat(config.logFormat, stdoutDestination()))
+    const logger = createLogger(config.logLevel, await inLogFormat(config.logFormat, stdoutDestination(), colour()))
     const app = buildMockApi({ accessKey: pair.accessKey, key: pair.key, logger })
     await app.listen({ host: config.mockHost, port })
     const { address, port: bound } = app.server.address() as AddressInfo
@@ -160,7 +160,7 @@ const commands: Record<string, (args: string[]) => Promise<void>> = {
     // Loaded on demand: `serve` never loads the webhook.
     const { loadInjectConfig } = await import('./inject/config.js')
     if (values.print !== true) {
-      const config = loadInjectConfig(process.env, { programVersion: await version() })
+      const config = loadInjectConfig(process.env, { programVersion: await version(), logColour: colour() })
       return await (await import('./inject/run.js')).runInject(config, await version())
     }
     const { preview } = await import('./inject/preview.js')
@@ -185,7 +185,7 @@ const commands: Record<string, (args: string[]) => Promise<void>> = {
     })
     const [{ createLogger, inLogFormat, stdoutDestination }, { buildMockApi }, { serve }, { secretKey }] = await Promise.all([import('./observability/logger.js'), import('./mock-api/mock-api.js'), import('./server.js'), import('./token/token.js')])
     const stdout = stdoutDestination()
-    const logger = createLogger(ambient.logLevel, await inLogFormat(ambient.logFormat, stdout))
+    const logger = createLogger(ambient.logLevel, await inLogFormat(ambient.logFormat, stdout, colour()))
     const mock = buildMockApi({ accessKey, key: secretKey(secret), logger: logger.child({ component: 'mock-api' }) })
     await mock.listen({ host: ambient.mockHost, port: 0 })
     const mockUrl = `http://${hostPort(mock.server.address() as AddressInfo)}`
@@ -236,6 +236,11 @@ function pick (env: NodeJS.ProcessEnv, names: string[]): Record<string, string> 
     if (v !== undefined) out[n] = v
   }
   return out
+}
+
+/** Pretty log lines in colour: on a terminal that has not asked for NO_COLOR (https://no-color.org). */
+function colour (): boolean {
+  return process.stdout.isTTY && process.env.NO_COLOR === undefined
 }
 
 function hostPort (a: AddressInfo): string {

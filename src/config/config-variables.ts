@@ -32,6 +32,9 @@ interface VarSpec {
   readonly enum?: readonly string[]
   readonly minimum?: number
   readonly maximum?: number
+  /** A string's form (JSON Schema's pattern) and length bound. */
+  readonly pattern?: string
+  readonly maxLength?: number
   /** What a valid value looks like, for the error line. */
   readonly expect: string
   /** Never echo the value. */
@@ -117,15 +120,32 @@ export const VARIABLES = {
   NO_PROXY,
 } as const satisfies Record<string, VarSpec>
 
+/**
+ * The settings of `cos-auth-proxy inject` beside the proxy's (which it reads
+ * too, for its admin port, logs and drain): the same rows, schema and error
+ * lines. Whether a file can be read is checked after parsing (src/inject/config.ts).
+ */
+export const INJECT_VARIABLES = {
+  COS_INJECT_HOST: { type: 'string', default: '0.0.0.0', pattern: '^[A-Za-z0-9:.[\\]-]{1,253}$', expect: 'must be an IP address or host name' },
+  COS_INJECT_PORT: { type: 'integer', default: 8443, minimum: 0, maximum: 65535, expect: 'must be a port number 0-65535' },
+  COS_INJECT_TLS_CERT_FILE: { type: 'string', expect: 'must be a readable PEM certificate (chain) file' },
+  COS_INJECT_TLS_KEY_FILE: { type: 'string', expect: 'must be a readable PEM private key file' },
+  COS_INJECT_SIDECAR_FILE: { type: 'string', expect: 'must be a readable JSON file with the sidecar definition ({"container": ..., "volumes": [...]}, the chart renders it)' },
+  COS_INJECT_DEFAULT_SECRET: { type: 'string', maxLength: 253, pattern: '^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$', expect: 'must be a Secret name (lower-case DNS subdomain)' },
+  COS_INJECT_NATIVE_SIDECAR: { type: 'boolean', default: true, expect: 'must be true (Kubernetes >= 1.29: initContainers with restartPolicy: Always) or false (a plain container)' },
+} as const satisfies Record<string, VarSpec>
+
+export type Table = Readonly<Record<string, VarSpec>>
 export type VariableName = keyof typeof VARIABLES
 type RawValue<T> = T extends 'integer' | 'number' ? number : T extends 'boolean' ? boolean : string | undefined
-export type Raw = { -readonly [K in VariableName]: RawValue<(typeof VARIABLES)[K]['type']> }
+export type RawOf<T extends Table> = { -readonly [K in keyof T]: RawValue<T[K]['type']> }
+export type Raw = RawOf<typeof VARIABLES>
 
-export function jsonSchema (): object {
+export function jsonSchema (table: Table = VARIABLES): object {
   const properties: Record<string, object> = {}
-  for (const [name, spec] of Object.entries(VARIABLES) as [string, VarSpec][]) {
-    const { type, default: def, enum: values, minimum, maximum } = spec
-    properties[name] = Object.fromEntries(Object.entries({ type, default: def, enum: values, minimum, maximum }).filter(([, v]) => v !== undefined))
+  for (const [name, spec] of Object.entries(table)) {
+    const { type, default: def, enum: values, minimum, maximum, pattern, maxLength } = spec
+    properties[name] = Object.fromEntries(Object.entries({ type, default: def, enum: values, minimum, maximum, pattern, maxLength }).filter(([, v]) => v !== undefined))
   }
   return { type: 'object', properties }
 }
@@ -134,8 +154,8 @@ export function jsonSchema (): object {
  * What the schema lets through but no integer setting means: ajv coerces
  * "Infinity" to a number and passes it (COS_LISTEN_PORT=Infinity loaded).
  */
-export function checkIntegers (raw: Raw, data: Record<string, string>): void {
-  for (const [name, spec] of Object.entries(VARIABLES) as [VariableName, VarSpec][]) {
+export function checkIntegers (raw: Record<string, unknown>, data: Record<string, string>, table: Table = VARIABLES): void {
+  for (const [name, spec] of Object.entries(table)) {
     if ((spec.type === 'integer' && !Number.isSafeInteger(raw[name])) || (spec.type === 'number' && !Number.isFinite(raw[name]))) {
       throw new ConfigError(name, `${spec.expect}${spec.secret === true || data[name] === undefined ? '' : ` (got ${JSON.stringify(data[name])})`}`)
     }
@@ -144,11 +164,11 @@ export function checkIntegers (raw: Raw, data: Record<string, string>): void {
 
 interface AjvError { instancePath?: string, params?: { missingProperty?: string } }
 
-export function schemaError (err: unknown, data: Record<string, string>): Error {
+export function schemaError (err: unknown, data: Record<string, string>, table: Table = VARIABLES): Error {
   const first = (err as { errors?: AjvError[] }).errors?.[0]
   const name = first?.instancePath?.slice(1) ?? first?.params?.missingProperty
-  if (name !== undefined && name in VARIABLES) {
-    const spec: VarSpec = VARIABLES[name as VariableName]
+  const spec = name === undefined || !Object.hasOwn(table, name) ? undefined : table[name]
+  if (name !== undefined && spec !== undefined) {
     const got = spec.secret === true || data[name] === undefined ? '' : ` (got ${JSON.stringify(data[name])})`
     return new ConfigError(name, spec.expect + got)
   }

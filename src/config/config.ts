@@ -4,12 +4,12 @@
 import { readFileSync } from 'node:fs'
 import { parseEnv } from 'node:util'
 import envSchema from 'env-schema'
-import { ConfigError, VARIABLES, checkIntegers, jsonSchema, schemaError, type AccessLog, type LogFormat, type LogLevel, type Raw } from './config-variables.js'
+import { ConfigError, VARIABLES, checkIntegers, jsonSchema, schemaError, type AccessLog, type LogFormat, type LogLevel, type Raw, type RawOf, type Table } from './config-variables.js'
 import { allowedHost, allowedOrigin, cidrList, credentialSource, egress, hostname, list, methodsNeedTheirRoute, overlaps, requiredHeader, route, tlsFiles, withMethods, type CredentialSource, type Egress, type Needs, type TlsFiles } from './config-values.js'
 import { ROUTE_TABLE, oneRouteUrl, type Route } from './route.js'
 import type { TokenEncoding } from '../token/token.js'
 
-export { ACCESS_LOGS, ConfigError, EXIT_CONFIG, LOG_FORMATS, LOG_LEVELS, PROXY_METHODS, VARIABLES, type AccessLog, type LogFormat, type LogLevel, type VariableName } from './config-variables.js'
+export { ACCESS_LOGS, ConfigError, EXIT_CONFIG, INJECT_VARIABLES, LOG_FORMATS, LOG_LEVELS, PROXY_METHODS, VARIABLES, type AccessLog, type LogFormat, type LogLevel, type VariableName } from './config-variables.js'
 export type { CredentialSource } from './config-values.js'
 export { ROUTE_TABLE, oneRouteUrl, routeUrlList, type Route, type RouteName } from './route.js'
 
@@ -78,8 +78,8 @@ export interface AccessLogSettings {
 }
 
 export interface LoadOptions {
-  /** Variables to read; default process.env. */
-  readonly env?: NodeJS.ProcessEnv
+  /** Variables to read (cli.ts hands in process.env: nothing below it reads the environment). */
+  readonly env: NodeJS.ProcessEnv
   /** Read ./.env too (real env wins). Default true. */
   readonly dotenv?: boolean
   /** What the command needs (see Needs); default all. */
@@ -91,26 +91,35 @@ export interface LoadOptions {
  * first problem found. Empty values count as unset, as they do for most
  * sidecars configured through Kubernetes or compose (`FOO=`).
  */
-export function loadConfig (opts: LoadOptions = {}): Config {
+export function loadConfig (opts: LoadOptions): Config {
   // .env is read here rather than by env-schema's `dotenv` option (same parser,
   // node:util parseEnv) so that its empty values are dropped like the real
   // environment's: env-schema would coerce `COS_LISTEN_PORT=` to port 0.
-  const sources = [opts.dotenv === false ? {} : readDotenv(), opts.env ?? process.env]
+  const raw = parseVariables(VARIABLES, [opts.dotenv === false ? {} : readDotenv(), opts.env])
+  return Object.freeze(build(raw, opts.needs ?? 'all'))
+}
+
+/**
+ * A table's variables (config-variables.ts) from the sources, a later one
+ * winning, through env-schema: types, defaults and ranges from the table, its
+ * error line for the first problem. Empty values count as unset.
+ */
+export function parseVariables<T extends Table> (table: T, sources: readonly Readonly<Record<string, string | undefined>>[]): RawOf<T> {
   const data: Record<string, string> = {}
   for (const source of sources) {
-    for (const name of Object.keys(VARIABLES)) {
+    for (const name of Object.keys(table)) {
       const v = source[name]
       if (v !== undefined && v !== '') data[name] = v
     }
   }
-  let raw: Raw
+  let raw: RawOf<T>
   try {
-    raw = envSchema<Raw>({ schema: jsonSchema(), data, env: false, dotenv: false })
+    raw = envSchema<RawOf<T>>({ schema: jsonSchema(table), data, env: false, dotenv: false })
   } catch (err) {
-    throw schemaError(err, data)
+    throw schemaError(err, data, table)
   }
-  checkIntegers(raw, data)
-  return Object.freeze(build(raw, opts.needs ?? 'all'))
+  checkIntegers(raw, data, table)
+  return raw
 }
 
 function readDotenv (): Record<string, string | undefined> {

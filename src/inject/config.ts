@@ -1,100 +1,69 @@
-// Settings of `cos-auth-proxy inject`: its own COS_INJECT_* variables (this
-// table), plus the proxy's (src/config/config.ts) for the admin port, logs, drain,
-// and, without COS_INJECT_SIDECAR_FILE, the upstream settings handed to every
-// sidecar it injects. Errors are ConfigError: exit 78 with one line naming
+// Settings of `cos-auth-proxy inject`, parsed once from the environment
+// cli.ts hands in: its own COS_INJECT_* (INJECT_VARIABLES, beside the proxy's
+// table in src/config/config-variables.ts, through the same env-schema parse
+// and error lines) plus the proxy's for the admin port, logs and drain. The
+// sidecar it injects is the chart-rendered definition in
+// COS_INJECT_SIDECAR_FILE (template.ts); the webhook adds only what
+// SidecarChoices hold. Errors are ConfigError: exit 78 with one line naming
 // the variable.
 import { readFileSync } from 'node:fs'
-import { ConfigError, loadConfig, oneRouteUrl, ROUTE_TABLE, type LogFormat, type LogLevel, type VariableName } from '../config/config.js'
+import { ConfigError, INJECT_VARIABLES, loadConfig, parseVariables, type LogFormat, type LogLevel } from '../config/config.js'
 import type { InjectSettings } from './patch.js'
-import type { EnvVar } from './sidecar.js'
-import { injectSettings, parseSidecarFile, templateFromEnv } from './template.js'
+import { injectSettings, parseSidecarFile } from './template.js'
 
-interface InjectVarSpec {
-  readonly kind: 'string' | 'port' | 'boolean' | 'file' | 'name'
-  readonly default?: string
-  readonly required?: boolean
-  readonly expect: string
-}
-
-/** The webhook's own settings: defaults and error texts come from here. */
-export const INJECT_VARIABLES = {
-  COS_INJECT_HOST: { kind: 'string', default: '0.0.0.0', expect: 'must be an IP address or host name' },
-  COS_INJECT_PORT: { kind: 'port', default: '8443', expect: 'must be a port number 0-65535' },
-  COS_INJECT_TLS_CERT_FILE: { kind: 'file', required: true, expect: 'must be a readable PEM certificate (chain) file' },
-  COS_INJECT_TLS_KEY_FILE: { kind: 'file', required: true, expect: 'must be a readable PEM private key file' },
-  COS_INJECT_SIDECAR_FILE: { kind: 'file', expect: 'must be a readable JSON file with the sidecar definition ({"container": ..., "volumes": [...]}, the chart renders it)' },
-  COS_INJECT_IMAGE: { kind: 'string', expect: 'must be the image of the injected sidecar, like registry.example.com/cos-auth-proxy:0.1.0' },
-  COS_INJECT_DEFAULT_SECRET: { kind: 'name', expect: 'must be a Secret name (lower-case DNS subdomain)' },
-  COS_INJECT_NATIVE_SIDECAR: { kind: 'boolean', default: 'true', expect: 'must be true (Kubernetes >= 1.29: initContainers with restartPolicy: Always) or false (a plain container)' },
-} as const satisfies Record<string, InjectVarSpec>
+export { INJECT_VARIABLES }
 
 type InjectVariable = keyof typeof INJECT_VARIABLES
 
-/** Without a sidecar file: upstream settings the sidecars get, in the order the chart writes them. */
-const UPSTREAM_PASSTHROUGH: readonly VariableName[] = [...ROUTE_TABLE.map(r => r.url), ...ROUTE_TABLE.flatMap(r => r.prefix === undefined ? [] : [r.prefix])]
-/** Further proxy settings passed through as they are (the chart's extraEnv place). */
-const EXTRA_PASSTHROUGH = [
-  'COS_TOKEN_ENCODING', 'COS_UPSTREAM_TIMEOUT_MS', 'COS_CONNECT_TIMEOUT_MS', 'COS_CLOCK_SKEW_CORRECTION', 'COS_CLOCK_SKEW_MAX_SECONDS',
-  'COS_ACCESS_LOG', 'COS_ACCESS_LOG_SLOW_MS', 'COS_ACCESS_LOG_SAMPLE',
-  'COS_MANAGEMENT_ALLOWED_METHODS', 'COS_OPTIMIZE_ALLOWED_METHODS', 'COS_API_ALLOWED_METHODS',
-] as const
+/** What the webhook's own settings add to every reading of the sidecar file: parsed once, at start. */
+export interface SidecarChoices {
+  /** initContainers with restartPolicy: Always (COS_INJECT_NATIVE_SIDECAR). */
+  readonly nativeSidecar: boolean
+  /** The Secret of pods that name none (COS_INJECT_DEFAULT_SECRET). */
+  readonly defaultSecret?: string
+}
 
 export interface InjectConfig {
   readonly listen: { readonly host: string, readonly port: number }
   /** Absent for --print, which serves nothing. */
   readonly tls?: { readonly certFile: string, readonly keyFile: string }
-  /** COS_INJECT_SIDECAR_FILE, watched for changes; absent: the definition comes from the environment. */
-  readonly sidecarFile?: string
+  /** COS_INJECT_SIDECAR_FILE, watched for changes. */
+  readonly sidecarFile: string
+  /** Handed to every re-reading of sidecarFile. */
+  readonly sidecar: SidecarChoices
   readonly admin: { readonly host: string, readonly port: number, readonly maxConnections: number }
   readonly logLevel: LogLevel
   /** The webhook's own lines (COS_LOG_FORMAT); injected sidecars log JSON. */
   readonly logFormat: LogFormat
+  /** Colour the pretty lines (a terminal that has not asked for NO_COLOR: cli.ts decides). */
+  readonly logColour: boolean
   readonly shutdownDelayMs: number
   readonly shutdownTimeoutMs: number
   readonly settings: InjectSettings
 }
 
-const HOST = /^[A-Za-z0-9:.[\]-]{1,253}$/
-const NAME = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$/
-
-function read (env: NodeJS.ProcessEnv, name: InjectVariable): string | undefined {
-  const spec: InjectVarSpec = INJECT_VARIABLES[name]
-  const value = env[name] === '' ? undefined : env[name]
-  if (value === undefined) {
-    if (spec.required === true) throw new ConfigError(name, `is required: it ${spec.expect.replace(/^must be/, 'is')}`)
-    return spec.default
-  }
-  const got = ` (got ${JSON.stringify(value)})`
-  switch (spec.kind) {
-    case 'port':
-      if (!/^[0-9]{1,5}$/.test(value) || Number(value) > 65535) throw new ConfigError(name, spec.expect + got)
-      break
-    case 'boolean':
-      if (value !== 'true' && value !== 'false') throw new ConfigError(name, spec.expect + got)
-      break
-    case 'name':
-      if (value.length > 253 || !NAME.test(value)) throw new ConfigError(name, spec.expect + got)
-      break
-    case 'file':
-      try {
-        readFileSync(value)
-      } catch (err) {
-        throw new ConfigError(name, `${spec.expect}: ${JSON.stringify(value)} cannot be read (${(err as NodeJS.ErrnoException).code ?? 'error'})`)
-      }
-      break
-    case 'string':
-      if (name === 'COS_INJECT_HOST' && !HOST.test(value)) throw new ConfigError(name, spec.expect + got)
-      if (/\s/.test(value)) throw new ConfigError(name, spec.expect + got)
-      break
-  }
-  return value
+/**
+ * Removed with the environment-built sidecar (0.x): refused rather than
+ * ignored, so a deployment written for it stops naming what replaces it.
+ */
+const REMOVED: Readonly<Record<string, string>> = {
+  COS_INJECT_IMAGE: 'must not be set with COS_INJECT_SIDECAR_FILE: the file names the image (the sidecar built from the webhook\'s environment was removed; docs/kubernetes.md#without-the-chart)',
 }
 
-function passthrough (env: NodeJS.ProcessEnv, names: readonly string[]): EnvVar[] {
-  return names.flatMap(name => {
-    const value = env[name]
-    return value === undefined || value === '' ? [] : [{ name, value }]
-  })
+const WITHOUT_CHART = 'the chart renders it into a ConfigMap; without the chart, mount examples/injector/sidecar-configmap.yaml (docs/kubernetes.md#without-the-chart)'
+
+function readable (name: InjectVariable, file: string): string {
+  try {
+    readFileSync(file)
+  } catch (err) {
+    throw new ConfigError(name, `${INJECT_VARIABLES[name].expect}: ${JSON.stringify(file)} cannot be read (${(err as NodeJS.ErrnoException).code ?? 'error'})`)
+  }
+  return file
+}
+
+function required (name: InjectVariable, value: string | undefined, hint?: string): string {
+  if (value === undefined) throw new ConfigError(name, `is required: it ${INJECT_VARIABLES[name].expect.replace(/^must be/, 'is')}${hint === undefined ? '' : ` (${hint})`}`)
+  return readable(name, value)
 }
 
 export interface LoadInjectOptions {
@@ -102,58 +71,47 @@ export interface LoadInjectOptions {
   readonly programVersion: string
   /** false for --print: no serving certificate needed. Default true. */
   readonly serving?: boolean
+  /** See InjectConfig.logColour; default false. */
+  readonly logColour?: boolean
 }
 
-/** The sidecar definition from its file. Throws ConfigError naming COS_INJECT_SIDECAR_FILE. */
-export function readSidecarSettings (file: string, env: NodeJS.ProcessEnv, programVersion: string, content?: string): InjectSettings {
+/** The sidecar definition from its file, with the webhook's choices. Throws ConfigError naming COS_INJECT_SIDECAR_FILE. */
+export function readSidecarSettings (file: string, choices: SidecarChoices, programVersion: string, content?: string): InjectSettings {
   let text
   try {
     text = content ?? readFileSync(file, 'utf8')
   } catch (err) {
     throw new ConfigError('COS_INJECT_SIDECAR_FILE', `${INJECT_VARIABLES.COS_INJECT_SIDECAR_FILE.expect}: ${JSON.stringify(file)} cannot be read (${(err as NodeJS.ErrnoException).code ?? 'error'})`)
   }
-  const defaultSecret = read(env, 'COS_INJECT_DEFAULT_SECRET')
-  return injectSettings(parseSidecarFile(text), read(env, 'COS_INJECT_NATIVE_SIDECAR') === 'true', defaultSecret, programVersion)
+  return injectSettings(parseSidecarFile(text), choices.nativeSidecar, choices.defaultSecret, programVersion)
 }
 
-/** Throws ConfigError for the first problem. Reads the environment only (no .env: the webhook runs in a pod). */
-export function loadInjectConfig (env: NodeJS.ProcessEnv = process.env, opts: LoadInjectOptions = { programVersion: '0.0.0' }): InjectConfig {
+/** Throws ConfigError for the first problem. `env` is the environment only (no .env: the webhook runs in a pod). */
+export function loadInjectConfig (env: NodeJS.ProcessEnv, opts: LoadInjectOptions): InjectConfig {
   const proxy = loadConfig({ env, dotenv: false, needs: 'nothing' })
-  const sidecarFile = read(env, 'COS_INJECT_SIDECAR_FILE')
-  const tls = opts.serving === false ? undefined : { certFile: read(env, 'COS_INJECT_TLS_CERT_FILE') as string, keyFile: read(env, 'COS_INJECT_TLS_KEY_FILE') as string }
-  let settings: InjectSettings
-  if (sidecarFile !== undefined) {
-    // One source of truth: the file names the image and carries every setting of the sidecar.
-    if (read(env, 'COS_INJECT_IMAGE') !== undefined) throw new ConfigError('COS_INJECT_IMAGE', 'must not be set with COS_INJECT_SIDECAR_FILE: the file names the image')
-    settings = readSidecarSettings(sidecarFile, env, opts.programVersion)
-  } else {
-    // The proxy's own checks on the settings handed down: a sidecar must not exit 78 on them.
-    if (proxy.routes.length === 0) {
-      const [variable, rest] = oneRouteUrl()
-      throw new ConfigError(variable, `${rest} is required: the injected sidecars need an upstream (or set COS_INJECT_SIDECAR_FILE)`)
-    }
-    const image = read(env, 'COS_INJECT_IMAGE')
-    if (image === undefined) throw new ConfigError('COS_INJECT_IMAGE', `is required without COS_INJECT_SIDECAR_FILE: it ${INJECT_VARIABLES.COS_INJECT_IMAGE.expect.replace(/^must be/, 'is')}`)
-    const defaultSecret = read(env, 'COS_INJECT_DEFAULT_SECRET')
-    const template = templateFromEnv({
-      image,
-      upstreamEnv: passthrough(env, UPSTREAM_PASSTHROUGH),
-      extraEnv: passthrough(env, EXTRA_PASSTHROUGH),
-      shutdownDelayMs: proxy.shutdownDelayMs,
-      shutdownTimeoutMs: proxy.shutdownTimeoutMs,
-      logLevel: proxy.logLevel,
-    }, defaultSecret ?? 'cos-credentials')
-    settings = injectSettings(template, read(env, 'COS_INJECT_NATIVE_SIDECAR') === 'true', defaultSecret, opts.programVersion)
+  const own = parseVariables(INJECT_VARIABLES, [env])
+  const tls = opts.serving === false
+    ? undefined
+    : { certFile: required('COS_INJECT_TLS_CERT_FILE', own.COS_INJECT_TLS_CERT_FILE), keyFile: required('COS_INJECT_TLS_KEY_FILE', own.COS_INJECT_TLS_KEY_FILE) }
+  const sidecarFile = required('COS_INJECT_SIDECAR_FILE', own.COS_INJECT_SIDECAR_FILE, WITHOUT_CHART)
+  for (const [name, problem] of Object.entries(REMOVED)) {
+    if (env[name] !== undefined && env[name] !== '') throw new ConfigError(name, problem)
   }
+  const sidecar: SidecarChoices = Object.freeze({
+    nativeSidecar: own.COS_INJECT_NATIVE_SIDECAR,
+    ...(own.COS_INJECT_DEFAULT_SECRET === undefined ? {} : { defaultSecret: own.COS_INJECT_DEFAULT_SECRET }),
+  })
   return Object.freeze({
-    listen: { host: read(env, 'COS_INJECT_HOST') as string, port: Number(read(env, 'COS_INJECT_PORT')) },
+    listen: { host: own.COS_INJECT_HOST ?? INJECT_VARIABLES.COS_INJECT_HOST.default, port: own.COS_INJECT_PORT },
     ...(tls === undefined ? {} : { tls }),
-    ...(sidecarFile === undefined ? {} : { sidecarFile }),
+    sidecarFile,
+    sidecar,
     admin: proxy.admin,
     logLevel: proxy.logLevel,
     logFormat: proxy.logFormat,
+    logColour: opts.logColour ?? false,
     shutdownDelayMs: proxy.shutdownDelayMs,
     shutdownTimeoutMs: proxy.shutdownTimeoutMs,
-    settings,
+    settings: readSidecarSettings(sidecarFile, sidecar, opts.programVersion),
   })
 }

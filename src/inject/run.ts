@@ -23,15 +23,15 @@ export interface RunningWebhook {
 }
 
 /** Starts both listeners. The caller decides what a signal does (runInject: drain, then exit). */
-export async function startWebhook (config: InjectConfig, logger: Logger, programVersion: string, env: NodeJS.ProcessEnv = process.env): Promise<RunningWebhook> {
+export async function startWebhook (config: InjectConfig, logger: Logger, programVersion: string): Promise<RunningWebhook> {
   const metrics = new InjectMetrics()
   metrics.sidecarVersion(config.settings.version)
-  const source = config.sidecarFile === undefined ? undefined : new SidecarSource(config.settings, { file: config.sidecarFile, env, programVersion, metrics, logger })
-  const settings = source?.current ?? ((): InjectConfig['settings'] => config.settings)
+  const source = new SidecarSource(config.settings, { file: config.sidecarFile, sidecar: config.sidecar, programVersion, metrics, logger })
+  const settings = source.current
   if (config.tls === undefined) throw new Error('startWebhook needs the serving certificate (loadInjectConfig with serving)')
   const app = await buildWebhookServer({ settings, tls: config.tls, metrics, logger })
-  source?.start()
-  app.addHook('onClose', (_instance, done) => { source?.close(); done() })
+  source.start()
+  app.addHook('onClose', (_instance, done) => { source.close(); done() })
   let listening = false
   let draining = false
   const readiness = (): Readiness => {
@@ -63,7 +63,7 @@ export async function startWebhook (config: InjectConfig, logger: Logger, progra
     ...fields,
     image: current.template.container.image,
     version: current.version,
-    sidecarFile: config.sidecarFile ?? null,
+    sidecarFile: config.sidecarFile,
     nativeSidecar: current.nativeSidecar,
     defaultSecret: current.defaultSecret ?? null,
   }, 'cos-auth-proxy injection webhook listening')
@@ -72,7 +72,7 @@ export async function startWebhook (config: InjectConfig, logger: Logger, progra
 
 /** The `inject` command, with the settings cli.ts loaded (a ConfigError there is exit 78). */
 export async function runInject (config: InjectConfig, programVersion: string): Promise<void> {
-  const logger = createLogger(config.logLevel, await inLogFormat(config.logFormat, stdoutDestination()))
+  const logger = createLogger(config.logLevel, await inLogFormat(config.logFormat, stdoutDestination(), config.logColour))
   const webhook = await startWebhook(config, logger, programVersion)
   let signalled = false
   const onSignal = (signal: string): void => {

@@ -9,13 +9,14 @@ import { readFile } from 'node:fs/promises'
 import { dirname } from 'node:path'
 import type { FastifyBaseLogger } from 'fastify'
 import { ConfigError } from '../config/config.js'
-import { readSidecarSettings } from './config.js'
+import { readSidecarSettings, type SidecarChoices } from './config.js'
 import type { InjectMetrics } from './metrics.js'
 import type { InjectSettings } from './patch.js'
 
 export interface SidecarSourceOptions {
   readonly file: string
-  readonly env: NodeJS.ProcessEnv
+  /** The webhook's settings, parsed once at start: a reload reads only the file. */
+  readonly sidecar: SidecarChoices
   readonly programVersion: string
   readonly metrics: InjectMetrics
   readonly logger: FastifyBaseLogger
@@ -78,7 +79,7 @@ export class SidecarSource {
     if (d === this.served || d === this.rejected) return
     let next: InjectSettings
     try {
-      next = readSidecarSettings(this.opts.file, this.opts.env, this.opts.programVersion, text)
+      next = readSidecarSettings(this.opts.file, this.opts.sidecar, this.opts.programVersion, text)
     } catch (err) {
       if (!(err instanceof ConfigError)) throw err
       this.rejected = d

@@ -1,10 +1,9 @@
-// The container the webhook injects. With COS_INJECT_SIDECAR_FILE it is the
-// chart's own sidecar as rendered into the injector's ConfigMap
-// (template.ts), adjusted per pod here (personalize); without one,
-// sidecarContainer builds the chart's sidecar with its default values:
-// test/inject/chart.test.ts and patch.test.ts compare both field by field with what the chart
-// renders (test/fixtures/chart/, examples/sidecar-parent-chart/rendered/),
-// which scripts/ci-packaging.sh keeps current, so neither can drift unnoticed.
+// The container the webhook injects: the chart's own sidecar as rendered
+// into the injector's ConfigMap (COS_INJECT_SIDECAR_FILE, read and checked by
+// template.ts; without the chart, examples/injector/ ships the rendered
+// default), adjusted per pod here (personalize) and nowhere else built: a new
+// field of the sidecar goes into the chart's templates (_sidecar.tpl) only.
+// What a pod's own ConfigMap may tune, and what it may not, is decided here.
 import { VARIABLES } from '../config/config.js'
 
 type Json = Record<string, unknown>
@@ -30,121 +29,6 @@ export interface TemplateFacts {
   readonly credentialsVolume: string
   readonly requests: { readonly cpu?: string, readonly memory?: string }
   readonly limits: { readonly cpu?: string, readonly memory?: string }
-}
-
-/** What the chart's values.yaml defaults to, and the names its sidecar templates use. */
-export const SIDECAR = {
-  containerName: 'cos-auth-proxy',
-  credentialsVolume: 'cos-auth-proxy-credentials',
-  /** An empty directory over the ServiceAccount token's path: the API server mounts the app pod's token into
-   * every container without a mount there, and the proxy never calls the API server. */
-  noApiTokenVolume: 'cos-auth-proxy-no-api-token',
-  apiTokenMountPath: '/var/run/secrets/kubernetes.io/serviceaccount',
-  credentialsMountPath: '/var/run/secrets/cos',
-  // 0444: the pod's fsGroup is not known (the chart's sidecar mode does the same).
-  credentialsDefaultMode: 0o444,
-  proxyPort: 8080,
-  adminPort: 9090,
-  requests: { cpu: '50m', memory: '64Mi' },
-  limits: { cpu: '1', memory: '128Mi' },
-  runAsUser: 65532,
-  runAsGroup: 65532,
-  probes: {
-    startup: { periodSeconds: 1, failureThreshold: 60, timeoutSeconds: 2 },
-    readiness: { periodSeconds: 5, failureThreshold: 2, timeoutSeconds: 2 },
-    liveness: { periodSeconds: 10, failureThreshold: 3, timeoutSeconds: 2 },
-  },
-  /** The chart's terminationGracePeriodSeconds: the drain plus this. */
-  graceMarginSeconds: 5,
-} as const
-
-export interface SidecarOptions {
-  readonly image: string
-  /** initContainers with restartPolicy: Always (Kubernetes >= 1.29), else a plain container. */
-  readonly native: boolean
-  readonly proxyPort: number
-  readonly adminPort: number
-  /** Upstream settings, in the order the chart writes them, before the credential files. */
-  readonly upstreamEnv: readonly EnvVar[]
-  /** After the log level, as the chart's extraEnv. */
-  readonly extraEnv: readonly EnvVar[]
-  readonly shutdownDelayMs: number
-  readonly shutdownTimeoutMs: number
-  readonly logLevel: string
-  readonly requests: { readonly cpu: string, readonly memory: string }
-  readonly limits: { readonly cpu: string, readonly memory: string }
-}
-
-function probe (path: string, port: number, timing: { periodSeconds: number, failureThreshold: number, timeoutSeconds: number }): object {
-  return { httpGet: { path, port }, ...timing }
-}
-
-export function sidecarContainer (o: SidecarOptions): Record<string, unknown> {
-  const mount = SIDECAR.credentialsMountPath
-  return {
-    name: SIDECAR.containerName,
-    image: o.image,
-    imagePullPolicy: 'IfNotPresent',
-    ...(o.native ? { restartPolicy: 'Always' } : {}),
-    args: ['serve'],
-    ports: [{ name: 'cos-admin', containerPort: o.adminPort, protocol: 'TCP' }],
-    env: [
-      { name: 'COS_LISTEN_HOST', value: '127.0.0.1' },
-      { name: 'COS_LISTEN_PORT', value: String(o.proxyPort) },
-      // The kubelet probes it from outside the pod's loopback.
-      { name: 'COS_ADMIN_HOST', value: '0.0.0.0' },
-      { name: 'COS_ADMIN_PORT', value: String(o.adminPort) },
-      ...o.upstreamEnv,
-      // Files in a directory mount (never subPath), so a rotated Secret is read again.
-      { name: 'COS_ACCESS_KEY_FILE', value: `${mount}/access-key` },
-      { name: 'COS_ACCESS_KEY_SECRET_FILE', value: `${mount}/access-key-secret` },
-      { name: 'COS_SHUTDOWN_DELAY_MS', value: String(o.shutdownDelayMs) },
-      { name: 'COS_SHUTDOWN_TIMEOUT_MS', value: String(o.shutdownTimeoutMs) },
-      { name: 'COS_LOG_LEVEL', value: o.logLevel },
-      ...o.extraEnv,
-    ],
-    volumeMounts: [
-      { name: SIDECAR.credentialsVolume, mountPath: mount, readOnly: true },
-      { name: SIDECAR.noApiTokenVolume, mountPath: SIDECAR.apiTokenMountPath, readOnly: true },
-    ],
-    startupProbe: probe('/readyz', o.adminPort, SIDECAR.probes.startup),
-    readinessProbe: probe('/readyz', o.adminPort, SIDECAR.probes.readiness),
-    livenessProbe: probe('/healthz', o.adminPort, SIDECAR.probes.liveness),
-    resources: { limits: { ...o.limits }, requests: { ...o.requests } },
-    securityContext: {
-      runAsNonRoot: true,
-      runAsUser: SIDECAR.runAsUser,
-      runAsGroup: SIDECAR.runAsGroup,
-      readOnlyRootFilesystem: true,
-      allowPrivilegeEscalation: false,
-      privileged: false,
-      capabilities: { drop: ['ALL'] },
-      seccompProfile: { type: 'RuntimeDefault' },
-    },
-    terminationMessagePolicy: 'FallbackToLogsOnError',
-  }
-}
-
-/** The empty directory that keeps the pod's ServiceAccount token out of the sidecar. */
-export function noApiTokenVolume (): Record<string, unknown> {
-  // No sizeLimit: mounted read-only, nothing is written, and the kubelet counts the directory's own
-  // block (4 KiB) as usage: a real node evicted pods under a 1Ki limit.
-  return { name: SIDECAR.noApiTokenVolume, emptyDir: {} }
-}
-
-/** The Secret as a directory volume with the two keys the proxy reads; the webhook only names it. */
-export function credentialsVolume (secretName: string): Record<string, unknown> {
-  return {
-    name: SIDECAR.credentialsVolume,
-    secret: {
-      secretName,
-      defaultMode: SIDECAR.credentialsDefaultMode,
-      items: [
-        { key: 'access-key', path: 'access-key' },
-        { key: 'access-key-secret', path: 'access-key-secret' },
-      ],
-    },
-  }
 }
 
 /** The image's NODE_OPTIONS (Dockerfile): pinned as it is when a pod's ConfigMap is used. */

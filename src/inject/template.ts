@@ -1,17 +1,20 @@
 // The sidecar definition the webhook injects: the container and the volumes
 // it mounts, as the chart renders its own sidecar (`cos-auth-proxy.sidecar.*`
-// into the injector's ConfigMap, read from COS_INJECT_SIDECAR_FILE), or built
-// from the webhook's environment when no file is given. Checked here so that
-// a definition the webhook accepts is one the sidecar starts with.
+// into the injector's ConfigMap, read from COS_INJECT_SIDECAR_FILE; the
+// default one rendered in examples/injector/ for deployments without the
+// chart). Checked here so that a definition the webhook accepts is one the
+// sidecar starts with.
 import { createHash } from 'node:crypto'
 import { ConfigError, loadConfig, routeUrlList } from '../config/config.js'
 import { ROUTE_METHOD_VARIABLES } from './annotations.js'
 import type { InjectSettings } from './patch.js'
-import { credentialsVolume, noApiTokenVolume, SIDECAR, sidecarContainer, type EnvVar, type SidecarOptions, type SidecarTemplate, type TemplateFacts } from './sidecar.js'
+import type { EnvVar, SidecarTemplate, TemplateFacts } from './sidecar.js'
 
 export type Json = Record<string, unknown>
 
 const SIDECAR_FILE_VARIABLE = 'COS_INJECT_SIDECAR_FILE'
+/** The chart's terminationGracePeriodSeconds: the drain plus this. */
+const GRACE_MARGIN_SECONDS = 5
 
 function isObject (v: unknown): v is Json {
   return typeof v === 'object' && v !== null && !Array.isArray(v)
@@ -82,7 +85,7 @@ function checkTemplate (t: SidecarTemplate): TemplateFacts {
     adminPort: proxy.admin.port,
     logLevel: proxy.logLevel,
     methodVariables: Object.entries(ROUTE_METHOD_VARIABLES).filter(([url]) => values[url] !== undefined).map(([, list]) => list),
-    graceSeconds: Math.ceil((proxy.shutdownDelayMs + proxy.shutdownTimeoutMs) / 1000) + SIDECAR.graceMarginSeconds,
+    graceSeconds: Math.ceil((proxy.shutdownDelayMs + proxy.shutdownTimeoutMs) / 1000) + GRACE_MARGIN_SECONDS,
     credentialsVolume: volume.name as string,
     requests: quantities(resources.requests),
     limits: quantities(resources.limits),
@@ -95,20 +98,6 @@ function quantities (v: unknown): { cpu?: string, memory?: string } {
   const cpu = text(v.cpu)
   const memory = text(v.memory)
   return { ...(cpu === undefined ? {} : { cpu }), ...(memory === undefined ? {} : { memory }) }
-}
-
-/** Without a file: the chart's default sidecar with the webhook's environment (the way before COS_INJECT_SIDECAR_FILE). */
-export function templateFromEnv (o: Omit<SidecarOptions, 'native' | 'proxyPort' | 'adminPort' | 'requests' | 'limits'>, secret: string): { template: SidecarTemplate, facts: TemplateFacts } {
-  const container = sidecarContainer({
-    ...o,
-    native: false,
-    proxyPort: SIDECAR.proxyPort,
-    adminPort: SIDECAR.adminPort,
-    requests: SIDECAR.requests,
-    limits: SIDECAR.limits,
-  })
-  const template = { container, volumes: [credentialsVolume(secret), noApiTokenVolume()] }
-  return { template, facts: checkTemplate(template) }
 }
 
 /** Canonical JSON (sorted keys): the same definition always hashes the same. */

@@ -185,11 +185,11 @@ export function createLogger (level: LogLevel, destination: DestinationStream = 
 
 /**
  * `out` as COS_LOG_FORMAT asks: as it is for json; for pretty, behind the
- * formatter, imported only then (and coloured only on a terminal that has
- * not asked for NO_COLOR).
+ * formatter, imported only then; coloured when `colour` says so (cli.ts:
+ * a terminal that has not asked for NO_COLOR).
  */
-export async function inLogFormat (format: LogFormat, out: LineSink): Promise<DestinationStream> {
+export async function inLogFormat (format: LogFormat, out: LineSink, colour = false): Promise<DestinationStream> {
   if (format === 'json') return out
   const { PrettyLines } = await import('./pretty-log.js')
-  return new PrettyLines(out, process.stdout.isTTY && process.env.NO_COLOR === undefined)
+  return new PrettyLines(out, colour)
 }

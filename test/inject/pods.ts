@@ -8,13 +8,17 @@ import { fileURLToPath } from 'node:url'
 import jsonpatch from 'fast-json-patch'
 import { Pod } from 'kubernetes-models/v1/Pod'
 import { parseAllDocuments } from 'yaml'
-import { loadInjectConfig } from '../../src/inject/config.js'
 import type { InjectSettings } from '../../src/inject/patch.js'
 import { injectSettings, parseSidecarFile } from '../../src/inject/template.js'
 
 type Json = Record<string, unknown>
 
 const RENDERED = fileURLToPath(new URL('../../examples/sidecar-parent-chart/rendered/', import.meta.url))
+/**
+ * scripts/render-injector-fixture.sh: the definition shipped for deployments without the chart, rendered from
+ * examples/injector/values.yaml (the example parent chart's values): what COS_INJECT_SIDECAR_FILE points at in the CLI tests.
+ */
+export const EXAMPLE_SIDECAR_FILE = fileURLToPath(new URL('../../examples/injector/sidecar.json', import.meta.url))
 /** scripts/render-injector-fixture.sh: the example chart and the injector's ConfigMap, from helm/cos-auth-proxy/ci/injector-values.yaml. */
 export const CHART_FIXTURE = fileURLToPath(new URL('../fixtures/chart/injector.yaml', import.meta.url))
 
@@ -76,16 +80,8 @@ export function podReview (pod: Json, extra: Json = {}): Json {
   }
 }
 
-/** What the example chart's values give its sidecar, as the webhook's settings (from the environment, no file). */
-export const EXAMPLE_SETTINGS: InjectSettings = loadInjectConfig({
-  COS_INJECT_IMAGE: 'registry.example.com/cos-auth-proxy:0.1.0',
-  COS_INJECT_DEFAULT_SECRET: 'cos-credentials',
-  COS_MANAGEMENT_API_URL: 'https://management.cos.example.com/api',
-  COS_OPTIMIZE_API_URL: 'https://optimize.cos.example.com/api',
-  // The chart's shutdown.* (the proxy's own defaults differ).
-  COS_SHUTDOWN_DELAY_MS: '5000',
-  COS_SHUTDOWN_TIMEOUT_MS: '20000',
-}, { programVersion: '0.1.0', serving: false }).settings
+/** The webhook's settings with the example definition: the sidecar the example chart's values give (examples/injector/). */
+export const EXAMPLE_SETTINGS: InjectSettings = injectSettings(parseSidecarFile(readFileSync(EXAMPLE_SIDECAR_FILE, 'utf8')), true, 'cos-credentials', '0.1.0')
 
 function fixtureDocs (): Json[] {
   return parseAllDocuments(readFileSync(CHART_FIXTURE, 'utf8')).map(d => d.toJS() as Json | null).filter((d): d is Json => d !== null)

@@ -1,7 +1,7 @@
 // The webhook over real HTTPS on 127.0.0.1: reviews in, patches out (applied
 // and validated), malformed reviews, the certificate swapped on disk, an
 // untrusted client; and the `inject` command as a process.
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { request as httpsRequest } from 'node:https'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
@@ -12,7 +12,7 @@ import { InjectMetrics } from '../../src/inject/metrics.js'
 import { buildWebhookServer } from '../../src/inject/server.js'
 import { run, start } from '../support/cli-process.js'
 import { makePki, type Pki } from '../support/tls-fixtures.js'
-import { appPod, applyResponsePatch, chartPod, EXAMPLE_SETTINGS, podReview } from './pods.js'
+import { appPod, applyResponsePatch, chartPod, EXAMPLE_SETTINGS, EXAMPLE_SIDECAR_FILE, podReview } from './pods.js'
 
 type Json = Record<string, unknown>
 
@@ -189,7 +189,7 @@ const INJECT_ENV = (files: { certFile: string, keyFile: string }): Record<string
   COS_INJECT_PORT: '0',
   COS_INJECT_TLS_CERT_FILE: files.certFile,
   COS_INJECT_TLS_KEY_FILE: files.keyFile,
-  COS_INJECT_IMAGE: 'registry.example.com/cos-auth-proxy:0.1.0',
+  COS_INJECT_SIDECAR_FILE: EXAMPLE_SIDECAR_FILE,
   COS_INJECT_DEFAULT_SECRET: 'cos-credentials',
   COS_MANAGEMENT_API_URL: 'https://management.cos.example.com/api',
 })
@@ -199,11 +199,16 @@ t.test('`inject` with a missing or bad setting exits 78 with one line naming it'
   t.teardown(() => rmSync(files.dir, { recursive: true, force: true }))
   const env = INJECT_ENV(files)
   const without = (name: string): Record<string, string> => Object.fromEntries(Object.entries(env).filter(([k]) => k !== name))
+  const noUpstream = join(files.dir, 'no-upstream.json')
+  const definition = JSON.parse(readFileSync(EXAMPLE_SIDECAR_FILE, 'utf8')) as { container: { env: { name: string }[] } }
+  definition.container.env = definition.container.env.filter(e => !e.name.endsWith('_API_URL'))
+  writeFileSync(noUpstream, JSON.stringify(definition))
   const cases: [Record<string, string>, RegExp][] = [
     [without('COS_INJECT_TLS_CERT_FILE'), /^cos-auth-proxy: config: COS_INJECT_TLS_CERT_FILE is required/],
     [without('COS_INJECT_TLS_KEY_FILE'), /^cos-auth-proxy: config: COS_INJECT_TLS_KEY_FILE is required/],
-    [without('COS_INJECT_IMAGE'), /^cos-auth-proxy: config: COS_INJECT_IMAGE is required/],
-    [without('COS_MANAGEMENT_API_URL'), /^cos-auth-proxy: config: COS_API_URL or .* the injected sidecars need an upstream/],
+    [without('COS_INJECT_SIDECAR_FILE'), /^cos-auth-proxy: config: COS_INJECT_SIDECAR_FILE is required/],
+    // The sidecars' upstream is the definition's (the webhook's own COS_*_URL reach no sidecar).
+    [{ ...env, COS_INJECT_SIDECAR_FILE: noUpstream }, /^cos-auth-proxy: config: COS_INJECT_SIDECAR_FILE container\.env sets no COS_API_URL.* the sidecars need an upstream/],
     [{ ...env, COS_INJECT_TLS_KEY_FILE: '/nonexistent/tls.key' }, /^cos-auth-proxy: config: COS_INJECT_TLS_KEY_FILE .*ENOENT/],
     [{ ...env, COS_INJECT_PORT: '84430' }, /^cos-auth-proxy: config: COS_INJECT_PORT must be a port number/],
     [{ ...env, COS_INJECT_NATIVE_SIDECAR: 'yes' }, /^cos-auth-proxy: config: COS_INJECT_NATIVE_SIDECAR must be true/],

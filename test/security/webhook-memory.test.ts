@@ -24,7 +24,7 @@ import { start } from '../support/cli-process.js'
 import { LogCapture, until } from '../support/helpers.js'
 import { scaled } from '../support/time-scale.js'
 import { makePki } from '../support/tls-fixtures.js'
-import { appPod, costliestReview, EXAMPLE_SETTINGS, podReview } from '../inject/pods.js'
+import { appPod, costliestReview, EXAMPLE_SETTINGS, EXAMPLE_SIDECAR_FILE, podReview } from '../inject/pods.js'
 
 const MiB = 1024 * 1024
 const pki = makePki()
@@ -330,7 +330,7 @@ t.test('the built webhook under the image\'s flags holds the attack as found and
     COS_INJECT_PORT: '0',
     COS_INJECT_TLS_CERT_FILE: join(certs, 'tls.crt'),
     COS_INJECT_TLS_KEY_FILE: join(certs, 'tls.key'),
-    COS_INJECT_IMAGE: 'registry.example.com/cos-auth-proxy:0.1.0',
+    COS_INJECT_SIDECAR_FILE: EXAMPLE_SIDECAR_FILE,
     COS_MANAGEMENT_API_URL: 'https://management.cos.example.com/api',
   }, /"port":(\d+),"admin".*injection webhook listening/, { asImage: true })
   t.teardown(async () => { daemon.child.kill('SIGKILL'); await daemon.exited })

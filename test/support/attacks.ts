@@ -7,6 +7,7 @@ import { request as httpsRequest } from 'node:https'
 import { connect, type Socket } from 'node:net'
 import { join } from 'node:path'
 import { connect as tlsConnect } from 'node:tls'
+import { fileURLToPath } from 'node:url'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { scaled } from './time-scale.js'
 
@@ -152,7 +153,8 @@ export function injectEnv (pkiDir: string): Record<string, string> {
     COS_INJECT_PORT: '0',
     COS_INJECT_TLS_CERT_FILE: join(pkiDir, 'server.pem'),
     COS_INJECT_TLS_KEY_FILE: join(pkiDir, 'server.key'),
-    COS_INJECT_IMAGE: 'registry.example.com/cos-auth-proxy:0.1.0',
+    // The definition shipped for deployments without the chart (scripts/render-injector-fixture.sh).
+    COS_INJECT_SIDECAR_FILE: fileURLToPath(new URL('../../examples/injector/sidecar.json', import.meta.url)),
     COS_INJECT_DEFAULT_SECRET: 'cos-credentials',
     COS_MANAGEMENT_API_URL: 'https://management.cos.example.com/api',
   }
