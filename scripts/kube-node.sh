@@ -11,6 +11,16 @@
 # the namespace's own. Binaries share that script's cache: $COS_KUBE_CACHE/<version>/bin.
 # What was learned building this: ../shared/tools/kube-node.md.
 #
+# `up` is a list of steps (step_namespace, step_containerd, step_control_plane, step_node):
+# each appends its own inverse to RUN/journal as soon as it has succeeded, and `down`, like a
+# failed or interrupted `up`, replays the journal newest first (scripts/lib/common.sh). The
+# host snapshot `up` takes is only the final check `down` makes. The configs are templates in
+# scripts/kube-node/, filled by common.sh's `render` (plain ${NAME}, no envsubst needed).
+# Bash, not TypeScript: nearly every step is a privileged one-liner (ip, nsenter, mount, ctr,
+# iptables), `build` runs on a machine with Go but before npm, and .ci/run and the tests call
+# it as a command; a journal of command lines fits bash, and a TypeScript orchestrator would
+# still need these one-liners in bash beside it.
+#
 #   scripts/kube-node.sh build   apt-get install containerd, runc, the CNI plugins, iptables,
 #                                conntrack if missing; build the control plane (or wait for a
 #                                build of it already running), then kubelet, kube-scheduler,
@@ -24,10 +34,11 @@
 #                                (docker-archive or OCI, e.g. `podman save --format
 #                                docker-archive`; pods use imagePullPolicy: Never), wait for the
 #                                node to be Ready, print how to use it
-#   scripts/kube-node.sh down    delete workloads and pods, stop exactly the PIDs `up` recorded,
-#                                undo mounts, cgroups, iptables chains, log links, /run/containerd,
-#                                the namespace; then compare the host with `up`'s snapshot and
-#                                exit 1 naming anything left
+#   scripts/kube-node.sh down    replay `up`'s journal: delete workloads and pods, stop exactly
+#                                the PIDs `up` recorded, undo mounts, cgroups, iptables chains,
+#                                log links, what `up` made under /run/containerd, the namespace;
+#                                then compare the host with `up`'s snapshot and exit 1 naming
+#                                anything left
 #   scripts/kube-node.sh import ARCHIVE.tar...
 #                                import more images into the running node's containerd
 #   scripts/kube-node.sh status  the PIDs, the node, the pods
@@ -59,11 +70,17 @@
 #   COS_KUBE_CP_WAIT   seconds `build` waits for a control-plane build of the same version
 #                      that another process is running (default 3600)
 # Needs root (network namespace, mounts, cgroups). cgroup v1 or v2; containerd 1.6 (Debian 12).
+# Exit codes (scripts/lib/common.sh): 0 done; 1 failed (a failed `up` has undone its steps
+# first; `down` or `check` found something left); 2 usage. 130 when `up` is interrupted.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=scripts/kubeconfig.sh
 . "$ROOT/scripts/kubeconfig.sh"
+LOG_TAG=kube-node
+# shellcheck source=scripts/lib/common.sh
+. "$ROOT/scripts/lib/common.sh"   # log, die, alive, launch, stop_daemon, wait_until, journal, undo, render
+TEMPLATES=$ROOT/scripts/kube-node   # containerd's, the CNI's, the kubelet's and kube-proxy's configs; pause's source
 CP_SCRIPT=$ROOT/scripts/kube-control-plane.sh
 CACHE=${COS_KUBE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/cos-auth-proxy-kube}
 K8S_VERSION=${COS_KUBE_VERSION:-v1.37.2}
@@ -80,6 +97,7 @@ PAUSE_IMAGE=localhost/cos-kube/pause:1
 NETNS_PATH=/run/netns/$NETNS
 BRIDGE=cni0
 NODE_IP=10.88.0.1
+# shellcheck disable=SC2034 # read by render, through ${!name}
 POD_CIDR=10.88.0.0/16
 SERVICE_CIDR=10.96.0.0/24
 # kube-control-plane.sh's default ports, always free inside the namespace (its loopback is its
@@ -88,12 +106,11 @@ API_PORT=16443
 # The daemons `up` starts itself, in the order `down` stops them (the control plane's three
 # are kube-control-plane.sh's, stopped by it from its own PID files).
 DAEMONS="kube-proxy kube-scheduler kubelet"
+T0=$SECONDS   # the start of `up` or `down`, for the timings they log
 # Paths outside the run directory that containerd, the CNI plugins or the kubelet write to
 # whatever they are told; `down` removes those that did not exist before `up`.
 HOST_PATHS=${COS_KUBE_HOST_PATHS:-"/run/containerd /var/lib/kubelet /var/log/containers /var/log/pods /var/lib/cni /opt/containerd /var/lib/containerd /etc/cni /run/netns"}
 
-log() { printf '[kube-node] %s\n' "$*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
 need_root() { [ "$(id -u)" = 0 ] || die "needs root (network namespace, mounts, cgroups)"; }
 minor() { local m=${K8S_VERSION#v1.}; echo "${m%%.*}"; }
 
@@ -185,38 +202,7 @@ build_pause() {
   local t0=$SECONDS src=$PAUSE_DIR/src oci=$PAUSE_DIR/oci
   rm -rf "$src" "$oci"
   mkdir -p "$src" "$oci/blobs/sha256" "$PAUSE_DIR/rootfs"
-  cat >"$src/go.mod" <<'GO'
-module cos-kube-pause
-
-go 1.22
-GO
-  cat >"$src/main.go" <<'GO'
-// pause: holds a pod's namespaces until SIGTERM or SIGINT, reaping orphans meanwhile.
-package main
-
-import (
-	"os"
-	"os/signal"
-	"syscall"
-)
-
-func main() {
-	sig := make(chan os.Signal, 4)
-	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT, syscall.SIGCHLD)
-	for s := range sig {
-		if s == syscall.SIGCHLD {
-			for {
-				pid, err := syscall.Wait4(-1, nil, syscall.WNOHANG, nil)
-				if pid <= 0 || err != nil {
-					break
-				}
-			}
-			continue
-		}
-		os.Exit(0)
-	}
-}
-GO
+  cp "$TEMPLATES/pause/go.mod" "$TEMPLATES/pause/main.go" "$src/"
   (cd "$src" && GOCACHE=$CACHE/gocache GOMODCACHE=$CACHE/gomod CGO_ENABLED=0 GOFLAGS='' \
     go build -trimpath -ldflags "-s -w" -o "$PAUSE_DIR/rootfs/pause" .) || die "building pause failed"
   local layer config manifest ldig cdig mdig
@@ -259,18 +245,8 @@ run_dir() {
 }
 
 in_ns() { nsenter --net="$NETNS_PATH" "$@"; }
-# A process that exists and is not a zombie (PID 1 on this machine kind reaps orphans only
-# seconds later, and kill -0 succeeds on a zombie).
-running() { local st; st=$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) && [ -n "$st" ] && [ "$st" != Z ]; }
-alive() { [ -f "$1/$2.pid" ] && running "$(cat "$1/$2.pid")"; }
-
-# Started with setsid in the background of this shell (not a subshell), so $! is the
-# daemon's own PID: nsenter execs it in place after joining the namespace.
-launch() { # dir name cmd...
-  local dir=$1 name=$2; shift 2
-  setsid nsenter --net="$NETNS_PATH" "$@" >"$dir/$name.log" 2>&1 </dev/null &
-  echo $! >"$dir/$name.pid"
-}
+# A daemon inside the namespace: nsenter execs it in place, so launch's PID is the daemon's own.
+launch_ns() { launch "$1" "$2" nsenter --net="$NETNS_PATH" "${@:3}"; } # dir name cmd...
 
 kubectl_ns() { # dir args...
   local dir=$1; shift
@@ -347,142 +323,28 @@ node_pki() { # dir
 }
 
 write_containerd_config() { # dir
-  local dir=$1 c=$1/containerd
-  mkdir -p "$c/root" "$c/state" "$c/opt" "$dir/cni/net.d" "$dir/cni/ipam"
-  cat >"$c/config.toml" <<TOML
-# containerd for scripts/kube-node.sh: its own paths (runc's state and the shims' sockets
-# still go to /run/containerd, which containerd 1.6 hard-codes).
-version = 2
-root = "$c/root"
-state = "$c/state"
-oom_score = 0
-
-[grpc]
-  address = "$c/containerd.sock"
-
-[ttrpc]
-  address = "$c/containerd.sock.ttrpc"
-
-[debug]
-  address = ""
-
-[metrics]
-  address = ""
-
-[plugins."io.containerd.internal.v1.opt"]
-  path = "$c/opt"
-
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "$PAUSE_IMAGE"
-  # root here lacks CAP_SYS_RESOURCE: without this every sandbox fails with runc's
-  # "failed to update /proc/self/oom_score_adj: Permission denied" (asks for -998)
-  restrict_oom_score_adj = true
-  disable_apparmor = true
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-  enable_selinux = false
-
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        SystemdCgroup = false
-
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
-    conf_dir = "$dir/cni/net.d"
-    max_conf_num = 1
-TOML
+  local DIR=$1 C=$1/containerd
+  mkdir -p "$C/root" "$C/state" "$C/opt" "$DIR/cni/net.d" "$DIR/cni/ipam"
+  render "$TEMPLATES/containerd.toml" C DIR PAUSE_IMAGE >"$C/config.toml"
   # The bridge exists already (up makes it with the node's address); the plugin reuses it.
-  cat >"$dir/cni/net.d/10-cos-kube-node.conflist" <<JSON
-{
-  "cniVersion": "1.0.0",
-  "name": "cos-kube-node",
-  "plugins": [
-    {
-      "type": "bridge",
-      "bridge": "$BRIDGE",
-      "isGateway": true,
-      "ipMasq": false,
-      "hairpinMode": true,
-      "ipam": {
-        "type": "host-local",
-        "dataDir": "$dir/cni/ipam",
-        "ranges": [[{ "subnet": "$POD_CIDR", "rangeStart": "10.88.1.1", "rangeEnd": "10.88.255.254", "gateway": "$NODE_IP" }]],
-        "routes": [{ "dst": "0.0.0.0/0" }]
-      }
-    }
-  ]
-}
-JSON
+  render "$TEMPLATES/10-cos-kube-node.conflist" DIR BRIDGE POD_CIDR NODE_IP >"$DIR/cni/net.d/10-cos-kube-node.conflist"
 }
 
 write_node_configs() { # dir
-  local dir=$1 cgv1=""
-  (($(minor) >= 31)) && cgv1="failCgroupV1: false  # this machine kind has cgroup v1; the field is new in 1.31 (decoded strictly before)"
-  mkdir -p "$dir/kubelet" "$dir/pod-logs"
-  cat >"$dir/kubelet-config.yaml" <<YAML
-apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-address: $NODE_IP
-port: 10250
-readOnlyPort: 0
-healthzBindAddress: 127.0.0.1
-healthzPort: 10248
-tlsCertFile: $dir/pki/kubelet-serving.crt
-tlsPrivateKeyFile: $dir/pki/kubelet-serving.key
-authentication:
-  anonymous: {enabled: false}
-  webhook: {enabled: true}
-  x509: {clientCAFile: $dir/cp/pki/ca.crt}
-authorization: {mode: Webhook}
-cgroupDriver: cgroupfs
-failSwapOn: false
-$cgv1
-syncFrequency: 10s
-containerRuntimeEndpoint: unix://$dir/containerd/containerd.sock
-podLogsDir: $dir/pod-logs
-resolvConf: ""
-clusterDomain: cluster.local
-oomScoreAdj: 0
-serializeImagePulls: false
-# images are imported, never pulled: keep them (GC only on a full disk)
-imageGCHighThresholdPercent: 100
-imageGCLowThresholdPercent: 99
-evictionHard:
-  memory.available: 100Mi
-  nodefs.available: 2%
-  nodefs.inodesFree: 2%
-  imagefs.available: 2%
-rotateCertificates: false
-serverTLSBootstrap: false
-YAML
-  cat >"$dir/kube-proxy-config.yaml" <<YAML
-apiVersion: kubeproxy.config.k8s.io/v1alpha1
-kind: KubeProxyConfiguration
-mode: iptables
-clientConnection:
-  kubeconfig: $dir/kube-proxy.kubeconfig
-hostnameOverride: $NODE
-bindAddress: $NODE_IP
-healthzBindAddress: 127.0.0.1:10256
-metricsBindAddress: 127.0.0.1:10249
-clusterCIDR: $POD_CIDR
-oomScoreAdj: 0
-iptables:
-  localhostNodePorts: false
-# nf_conntrack_max is read-only in a network namespace: leave it alone
-conntrack:
-  maxPerCore: 0
-  min: 0
-YAML
+  local DIR=$1 FAIL_CGROUP_V1=""
+  # shellcheck disable=SC2034 # read by render, through ${!name}
+  (($(minor) >= 31)) && FAIL_CGROUP_V1="failCgroupV1: false  # this machine kind has cgroup v1; the field is new in 1.31 (decoded strictly before)"
+  mkdir -p "$DIR/kubelet" "$DIR/pod-logs"
+  render "$TEMPLATES/kubelet-config.yaml" DIR NODE_IP FAIL_CGROUP_V1 >"$DIR/kubelet-config.yaml"
+  render "$TEMPLATES/kube-proxy-config.yaml" DIR NODE NODE_IP POD_CIDR >"$DIR/kube-proxy-config.yaml"
 }
 
-# ---------------------------------------------------------------- up
+# ---------------------------------------------------------------- up: steps, each journaling its inverse
+# `up` is a list of steps; each appends its own inverse to $dir/journal as soon as it has
+# succeeded (scripts/lib/common.sh's `journal`), and `down` (also the error path of `up`)
+# replays the journal newest first. What a daemon may make on the host later (cgroups, pod
+# network namespaces, log links, libcni's results, host paths) is recorded by the step that
+# starts it, before it starts: the inverse removes only what was not there then ($dir/undo/*).
 import_images() { # dir archive...
   local dir=$1 img; shift
   for img in "$@"; do
@@ -491,26 +353,84 @@ import_images() { # dir archive...
   done
 }
 
-wait_until() { # seconds what cmd... (the command is tried every 0.5 s)
-  local n=$1 what=$2; shift 2
-  local i
-  for ((i = 0; i < n * 2; i++)); do
-    "$@" >/dev/null 2>&1 && return 0
-    sleep 0.5
-  done
-  log "timed out after ${n} s waiting for $what"
-  return 1
-}
-
-check_alive() { # dir names...
-  local dir=$1 n; shift
-  for n in "$@"; do
-    alive "$dir" "$n" || { tail -20 "$dir/$n.log" >&2; log "$n exited, see $dir/$n.log"; return 1; }
-  done
-}
-
 node_ready() { # dir
   [ "$(kubectl_ns "$1" get node "$NODE" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ]
+}
+
+# The namespace, its loopback and its bridge with the node's address. `ip netns add` makes
+# /run/netns and mounts it on itself the first time: the inverse undoes that only if it did.
+step_namespace() { # dir
+  local made=0 mounted=0
+  [ -d /run/netns ] || made=1
+  mountpoint -q /run/netns 2>/dev/null || mounted=1
+  ip netns add "$NETNS"
+  journal undo_run_netns "$made" "$mounted"
+  journal netns_del "$NETNS"
+  echo "$NETNS" >"$1/netns"
+  # the links and addresses inside go with the namespace
+  in_ns ip link set lo up
+  in_ns ip link add "$BRIDGE" type bridge
+  in_ns ip addr add "$NODE_IP/16" dev "$BRIDGE"
+  in_ns ip link set "$BRIDGE" up
+  in_ns ip route add "$SERVICE_CIDR" dev "$BRIDGE"
+  in_ns sysctl -qw net.ipv4.ip_forward=1
+}
+
+# containerd, and what it, runc, the CNI plugins and the kubelet write outside the run
+# directory whatever they are told: each such path that does not exist yet is removed by the
+# inverse (one that existed is left, and so is whatever else is in it: /run/containerd made
+# by another containerd keeps all but this run's runc/k8s.io and s).
+step_containerd() { # dir
+  local dir=$1 p u=$1/undo
+  mkdir -p "$u"
+  for p in $HOST_PATHS /run/containerd/runc /run/containerd/runc/k8s.io /run/containerd/s; do
+    [ "$p" = /run/netns ] && continue   # step_namespace's
+    [ -e "$p" ] || journal remove_made_path "$p"
+  done
+  snap_cni >"$u/cni"; journal remove_new_cni_results "$u/cni"
+  snap_netns >"$u/netns"; journal remove_new_pod_netns "$u/netns"
+  journal rm -rf "$dir/containerd/root" "$dir/containerd/state" "$dir/kubelet" # image layers, volumes
+  journal unmount_under "$dir"
+  snap_cgroups >"$u/cgroups"; journal remove_new_kubepods_cgroups "$u/cgroups"
+  write_containerd_config "$dir"
+  launch_ns "$dir" containerd containerd --config "$dir/containerd/config.toml"
+  journal stop_containerd "$dir"
+  wait_until 30 containerd -s 0.5 -a "$dir:containerd" ctr --address "$dir/containerd/containerd.sock" version
+  log "containerd $(containerd --version | awk '{print $3}') up ($((SECONDS - T0)) s)"
+}
+
+# kube-control-plane.sh's, inside the namespace, its run directory under ours (given by
+# COS_KUBE_RUN, so it leaves its current-run pointer alone). It journals its own daemons
+# ($dir/cp/journal) and stops them itself when its start fails: this step's inverse, recorded
+# before it starts, replays that journal (only what its start did), then drops etcd's data.
+step_control_plane() { # dir
+  local dir=$1
+  journal rm -rf "$dir/cp/etcd"
+  journal cp_stop "$dir"
+  COS_KUBE_VERSION=$K8S_VERSION COS_KUBE_RUN=$dir/cp COS_KUBE_PORT=$API_PORT COS_KUBE_ETCD_PORT=12379 COS_KUBE_KCM_PORT=10257 \
+    COS_KUBE_APISERVER_ARGS="--kubelet-preferred-address-types=InternalIP --kubelet-certificate-authority=$dir/cp/pki/ca.crt --kubelet-client-certificate=$dir/cp/pki/admin.crt --kubelet-client-key=$dir/cp/pki/admin.key" \
+    in_ns bash "$CP_SCRIPT" start >"$dir/control-plane.out" 2>&1 \
+    || { cat "$dir/control-plane.out" >&2; false; }
+  log "$(grep -m1 ' ready on ' "$dir/control-plane.out" || true) ($((SECONDS - T0)) s)"
+}
+
+# kubelet, kube-scheduler, kube-proxy; then the drain of their workloads, replayed first
+step_node() { # dir
+  local dir=$1 u=$1/undo
+  node_pki "$dir"
+  write_node_configs "$dir"
+  snap_iptables >"$u/iptables"; journal remove_new_host_kube_chains "$u/iptables"
+  journal remove_log_links "$dir"
+  launch_ns "$dir" kubelet "$BIN/kubelet" --config="$dir/kubelet-config.yaml" --kubeconfig="$dir/kubelet.kubeconfig" \
+    --root-dir="$dir/kubelet" --hostname-override="$NODE" --node-ip="$NODE_IP" --v=2
+  journal stop_daemon "$dir" kubelet
+  launch_ns "$dir" kube-scheduler "$BIN/kube-scheduler" --kubeconfig="$dir/kube-scheduler.kubeconfig" \
+    --authentication-kubeconfig="$dir/kube-scheduler.kubeconfig" --authorization-kubeconfig="$dir/kube-scheduler.kubeconfig" \
+    --bind-address=127.0.0.1 --secure-port=10259 --cert-dir="$dir/kube-scheduler-certs" --leader-elect=false
+  journal stop_daemon "$dir" kube-scheduler
+  launch_ns "$dir" kube-proxy "$BIN/kube-proxy" --config="$dir/kube-proxy-config.yaml"
+  journal stop_daemon "$dir" kube-proxy
+  journal drain "$dir"
 }
 
 up() {
@@ -530,71 +450,83 @@ up() {
   [ -n "$dir" ] || dir=$(mktemp -d "${TMPDIR:-/tmp}/cos-kube-node.XXXXXX")
   mkdir -p "$dir"
   dir=$(realpath "$dir")
+  JOURNAL=$dir/journal
+  [ -s "$JOURNAL" ] && die "$dir holds the journal of a run not taken down: 'COS_KUBE_NODE_RUN=$dir $0 down' first"
   # the pointer is for plain runs only: one given by COS_KUBE_NODE_RUN leaves another's alone
   if [ -z "${COS_KUBE_NODE_RUN:-}" ]; then mkdir -p "$CACHE" && echo "$dir" >"$CACHE/node-run"; fi
   echo "$K8S_VERSION" >"$dir/version"
-  local t0=$SECONDS
-  take_snapshot "$dir"
+  T0=$SECONDS
+  take_snapshot "$dir"   # for the final check only: down undoes from the journal
   # from here on, a failure (or ^C) undoes what was done: `down` with this run directory
   COS_KUBE_NODE_RUN=$dir
-  trap 'rc=$?; trap - EXIT INT TERM; log "up failed; cleaning up (logs stay in $COS_KUBE_NODE_RUN)"; down || true; exit $((rc == 0 ? 1 : rc))' EXIT
-  trap 'exit 130' INT TERM
+  on_failure up_failed
 
-  # the namespace, its loopback and its bridge with the node's address
-  ip netns add "$NETNS"
-  echo "$NETNS" >"$dir/netns"
-  in_ns ip link set lo up
-  in_ns ip link add "$BRIDGE" type bridge
-  in_ns ip addr add "$NODE_IP/16" dev "$BRIDGE"
-  in_ns ip link set "$BRIDGE" up
-  in_ns ip route add "$SERVICE_CIDR" dev "$BRIDGE"
-  in_ns sysctl -qw net.ipv4.ip_forward=1
-
-  # containerd
-  write_containerd_config "$dir"
-  launch "$dir" containerd containerd --config "$dir/containerd/config.toml"
-  wait_until 30 containerd ctr --address "$dir/containerd/containerd.sock" version || { check_alive "$dir" containerd; false; }
-  log "containerd $(containerd --version | awk '{print $3}') up ($((SECONDS - t0)) s)"
-
+  step_namespace "$dir"
+  step_containerd "$dir"
   # images, while the control plane starts: pods use imagePullPolicy: Never (no registry
   # is reachable, and none is wanted)
   import_images "$dir" "$PAUSE_TAR" "${images[@]}" &
   local import_pid=$!
-
-  # the control plane, inside the namespace, its run directory under ours (given by
-  # COS_KUBE_RUN, so kube-control-plane.sh leaves its current-run pointer alone).
-  COS_KUBE_VERSION=$K8S_VERSION COS_KUBE_RUN=$dir/cp COS_KUBE_PORT=$API_PORT COS_KUBE_ETCD_PORT=12379 COS_KUBE_KCM_PORT=10257 \
-    COS_KUBE_APISERVER_ARGS="--kubelet-preferred-address-types=InternalIP --kubelet-certificate-authority=$dir/cp/pki/ca.crt --kubelet-client-certificate=$dir/cp/pki/admin.crt --kubelet-client-key=$dir/cp/pki/admin.key" \
-    in_ns bash "$CP_SCRIPT" start >"$dir/control-plane.out" 2>&1 \
-    || { cat "$dir/control-plane.out" >&2; false; }
-  log "$(grep -m1 ' ready on ' "$dir/control-plane.out" || true) ($((SECONDS - t0)) s)"
-
+  step_control_plane "$dir"
   wait "$import_pid" || die "importing the images failed, see $dir/images.log"
-  log "images imported ($((SECONDS - t0)) s): $(ctr --address "$dir/containerd/containerd.sock" -n k8s.io images ls -q | sed '/^sha256:/d' | tr '\n' ' ')"
-
-  # kubelet, kube-scheduler, kube-proxy
-  node_pki "$dir"
-  write_node_configs "$dir"
-  launch "$dir" kubelet "$BIN/kubelet" --config="$dir/kubelet-config.yaml" --kubeconfig="$dir/kubelet.kubeconfig" \
-    --root-dir="$dir/kubelet" --hostname-override="$NODE" --node-ip="$NODE_IP" --v=2
-  launch "$dir" kube-scheduler "$BIN/kube-scheduler" --kubeconfig="$dir/kube-scheduler.kubeconfig" \
-    --authentication-kubeconfig="$dir/kube-scheduler.kubeconfig" --authorization-kubeconfig="$dir/kube-scheduler.kubeconfig" \
-    --bind-address=127.0.0.1 --secure-port=10259 --cert-dir="$dir/kube-scheduler-certs" --leader-elect=false
-  launch "$dir" kube-proxy "$BIN/kube-proxy" --config="$dir/kube-proxy-config.yaml"
-  local limit=${COS_KUBE_NODE_TIMEOUT:-180} i ready=0
-  for ((i = 0; i < limit * 2; i++)); do
-    if node_ready "$dir"; then ready=1; break; fi
-    check_alive "$dir" containerd kubelet kube-scheduler kube-proxy
-    sleep 0.5
-  done
-  [ "$ready" = 1 ] || { tail -30 "$dir/kubelet.log" >&2; log "node $NODE not Ready after ${limit} s"; false; }
-  trap - EXIT INT TERM
-  echo "node $NODE Ready ($("$BIN/kubelet" --version | awk '{print $2}'), inside network namespace $NETNS) in $((SECONDS - t0)) s"
-  echo "run directory $dir (logs: *.log; PIDs: *.pid, cp/*.pid)"
+  log "images imported ($((SECONDS - T0)) s): $(ctr --address "$dir/containerd/containerd.sock" -n k8s.io images ls -q | sed '/^sha256:/d' | tr '\n' ' ')"
+  step_node "$dir"
+  local limit=${COS_KUBE_NODE_TIMEOUT:-180}
+  wait_until "$limit" "node $NODE to be Ready" -s 0.5 -a "$dir:containerd" -a "$dir:kubelet" -a "$dir:kube-scheduler" -a "$dir:kube-proxy" \
+    node_ready "$dir" || { tail -30 "$dir/kubelet.log" >&2; log "node $NODE not Ready after ${limit} s"; false; }
+  on_failure -
+  echo "node $NODE Ready ($("$BIN/kubelet" --version | awk '{print $2}'), inside network namespace $NETNS) in $((SECONDS - T0)) s"
+  echo "run directory $dir (logs: *.log; PIDs: *.pid, cp/*.pid; undo journal: journal)"
   print_env "$dir"
 }
+up_failed() { log "up failed; cleaning up (logs stay in $COS_KUBE_NODE_RUN)"; down; }
 
-# ---------------------------------------------------------------- down
+# ---------------------------------------------------------------- the inverses
+# The lines of `snap_WHAT` now that are not in FILE (what a step recorded before it ran)
+new_since() { # file what
+  LC_ALL=C comm -13 <(LC_ALL=C sort -u "$1") <("snap_$2" | LC_ALL=C sort -u)
+}
+
+undo_run_netns() { # made mounted: what `ip netns add` did to /run/netns, if anything
+  [ -d /run/netns ] && [ -z "$(ls -A /run/netns)" ] || return 0
+  if [ "$2" = 1 ] && mountpoint -q /run/netns; then umount /run/netns 2>/dev/null || umount -l /run/netns || true; fi
+  if [ "$1" = 1 ]; then rmdir /run/netns 2>/dev/null || true; fi
+}
+netns_del() { [ ! -e "/run/netns/$1" ] || ip netns del "$1"; }
+
+# A host path this run made (removed only when it did not exist before the step)
+remove_made_path() { # path
+  [ -e "$1" ] || return 0
+  unmount_under "$1"
+  case $1 in
+    /var/lib/cni | /etc/cni) find "$1" -depth -type d -empty -delete 2>/dev/null || true ;; # podman's too
+    *) rm -rf "$1" ;;
+  esac
+}
+
+# libcni's results of this run's sandboxes (files named after the network, cos-kube-node or
+# cni-loopback, and the sandbox), not whatever else shares /var/lib/cni
+remove_new_cni_results() { # before-list
+  local f
+  for f in $(new_since "$1" cni); do
+    case ${f##*/} in "$NETNS"-* | cni-loopback-*) rm -f "$f" ;; esac
+  done
+}
+
+remove_new_pod_netns() { # before-list
+  local ns
+  for ns in $(new_since "$1" netns); do
+    case $ns in cni-*) ip netns del "$ns" 2>/dev/null && log "removed pod network namespace $ns" ;; esac
+  done
+  return 0
+}
+
+# The kubelet's links in /var/log/containers point at its pod logs, in the run directory
+remove_log_links() { # dir
+  [ -d /var/log/containers ] || return 0
+  find /var/log/containers -mindepth 1 -maxdepth 1 -type l -lname "$1/*" -delete 2>/dev/null || true
+}
+
 # Processes started by this run's containerd that outlive it: the shims, named by its socket.
 shim_pids() { # dir
   local p
@@ -604,27 +536,59 @@ shim_pids() { # dir
   return 0
 }
 
-stop_pid() { # name pid
-  local pid=$2 i t0=${EPOCHREALTIME/./}
-  running "$pid" || return 0
-  kill "$pid" 2>/dev/null || true
-  for ((i = 0; i < 150; i++)); do running "$pid" || break; sleep 0.1; done
-  if running "$pid"; then kill -9 "$pid" 2>/dev/null || true; log "killed $1 (pid $pid) after 15 s"
-  else log "stopped $1 (pid $pid) in $(((${EPOCHREALTIME/./} - t0) / 1000)) ms"; fi
+# any task still running (a sandbox the kubelet did not stop) killed through containerd, then
+# containerd, then its shims
+stop_containerd() { # dir
+  local dir=$1 sock=$1/containerd/containerd.sock id p
+  if alive "$dir" containerd; then
+    for id in $(ctr --address "$sock" -n k8s.io tasks ls -q 2>/dev/null); do
+      ctr --address "$sock" -n k8s.io tasks kill -s SIGKILL "$id" >/dev/null 2>&1 || true
+      ctr --address "$sock" -n k8s.io tasks delete -f "$id" >/dev/null 2>&1 || true
+      log "killed leftover task $id"
+    done
+  fi
+  stop_daemon "$dir" containerd
+  for p in $(shim_pids "$dir"); do stop_pid containerd-shim "$p"; done
+  log "containerd and its shims stopped ($((SECONDS - T0)) s)"
 }
 
-# Everything the kubelet put in cgroups (pod containers left by a killed shim), then the cgroups.
-remove_kubepods_cgroups() {
+cp_stop() { # dir
+  [ -d "$1/cp" ] || return 0
+  COS_KUBE_VERSION=$K8S_VERSION COS_KUBE_RUN=$1/cp bash "$CP_SCRIPT" stop 2>&1 | sed 's/^/  /' >&2 || true
+  log "control plane stopped ($((SECONDS - T0)) s)"
+}
+
+# Workloads, then pods, through the API server: the kubelet stops their containers and
+# tears down their sandboxes (network namespaces, IPs) itself
+drain() { # dir
+  local dir=$1 i n
+  [ -e "$NETNS_PATH" ] && alive "$dir/cp" kube-apiserver && alive "$dir" kubelet \
+    && in_ns curl -fsS -o /dev/null --max-time 5 http://127.0.0.1:10248/healthz 2>/dev/null || return 0
+  kubectl_ns "$dir" delete deployments,replicasets,statefulsets,daemonsets,jobs,cronjobs --all -A --wait=false >/dev/null 2>&1 || true
+  if ! kubectl_ns "$dir" delete pods --all -A --timeout=90s >/dev/null 2>&1; then
+    log "pods not gone after 90 s: deleting them with --grace-period=0 --force"
+    kubectl_ns "$dir" delete pods --all -A --grace-period=0 --force >/dev/null 2>&1 || true
+  fi
+  # the kubelet stops the sandboxes after the pods are gone
+  for ((i = 0; i < 120; i++)); do
+    alive "$dir" kubelet || break
+    n=$(ctr --address "$dir/containerd/containerd.sock" -n k8s.io tasks ls -q 2>/dev/null | wc -l)
+    [ "$n" = 0 ] && break
+    sleep 0.5
+  done
+  log "workloads and pods deleted, sandboxes stopped ($((SECONDS - T0)) s)"
+}
+
+# Everything in kubepods cgroups made since (pod containers left by a killed shim), then the cgroups.
+remove_new_kubepods_cgroups() { # before-list
   local d pid
   while read -r d; do
-    grep -qxF "$d" "$1/snapshot/cgroups" && continue
     while read -r pid; do kill -9 "$pid" 2>/dev/null || true; done < <(cat "$d/cgroup.procs" 2>/dev/null || true)
-  done < <(find /sys/fs/cgroup -maxdepth 8 -type d -path '*kubepods*' 2>/dev/null)
+  done < <(new_since "$1" cgroups)
   sleep 0.5
   while read -r d; do
-    grep -qxF "$d" "$1/snapshot/cgroups" && continue
     rmdir "$d" 2>/dev/null || log "could not remove cgroup $d"
-  done < <(find /sys/fs/cgroup -maxdepth 8 -depth -type d -path '*kubepods*' 2>/dev/null)
+  done < <(new_since "$1" cgroups | LC_ALL=C sort -r)
 }
 
 unmount_under() { # prefix
@@ -634,15 +598,15 @@ unmount_under() { # prefix
   done < <(awk -v p="$1" '$5 == p || index($5, p "/") == 1 {print $5}' /proc/self/mountinfo | sort -r)
 }
 
-# KUBE-* chains in the host's tables that were not there before `up` (there should be none:
-# the kubelet and kube-proxy run inside the namespace, where theirs go with it).
-remove_host_kube_chains() { # dir
+# KUBE-* chains in the host's tables made since (there should be none: the kubelet and
+# kube-proxy run inside the namespace, where theirs go with it).
+remove_new_host_kube_chains() { # before (iptables-save lines)
   local tool t chain rule
   for tool in iptables ip6tables; do
     command -v "$tool" >/dev/null || continue
     for t in filter nat mangle; do
       for chain in $("$tool" -t "$t" -S 2>/dev/null | sed -n 's/^-N \(KUBE-[A-Z0-9-]*\)$/\1/p'); do
-        grep -q "^:$chain " "$1/snapshot/iptables" && continue
+        grep -q "^:$chain " "$1" && continue
         "$tool" -t "$t" -S | grep -E -- "-j $chain( |\$)" | while read -r rule; do
           eval "$tool -t $t ${rule/-A/-D}" 2>/dev/null || true   # the rule as -S quotes it
         done || true
@@ -653,6 +617,9 @@ remove_host_kube_chains() { # dir
   done
 }
 
+# ---------------------------------------------------------------- down
+# The journal replayed (what `up` did, undone newest first), then the host compared with the
+# snapshot `up` took: a final check that names anything left, never what decides the undoing.
 down() {
   need_root
   local dir; dir=$(run_dir || true)
@@ -661,83 +628,14 @@ down() {
     log "nothing is up"; return 0
   fi
   [ -f "$dir/version" ] && K8S_VERSION=$(cat "$dir/version") && VDIR=$CACHE/$K8S_VERSION && BIN=$VDIR/bin
-  local t0=$SECONDS
-  # 1. workloads, then pods, through the API server: the kubelet stops their containers and
-  #    tears down their sandboxes (network namespaces, IPs) itself
-  if [ -e "$NETNS_PATH" ] && alive "$dir/cp" kube-apiserver && alive "$dir" kubelet \
-    && in_ns curl -fsS -o /dev/null --max-time 5 http://127.0.0.1:10248/healthz 2>/dev/null; then
-    kubectl_ns "$dir" delete deployments,replicasets,statefulsets,daemonsets,jobs,cronjobs --all -A --wait=false >/dev/null 2>&1 || true
-    if ! kubectl_ns "$dir" delete pods --all -A --timeout=90s >/dev/null 2>&1; then
-      log "pods not gone after 90 s: deleting them with --grace-period=0 --force"
-      kubectl_ns "$dir" delete pods --all -A --grace-period=0 --force >/dev/null 2>&1 || true
-    fi
-    # the kubelet stops the sandboxes after the pods are gone
-    local i n
-    for ((i = 0; i < 120; i++)); do
-      alive "$dir" kubelet || break
-      n=$(ctr --address "$dir/containerd/containerd.sock" -n k8s.io tasks ls -q 2>/dev/null | wc -l)
-      [ "$n" = 0 ] && break
-      sleep 0.5
-    done
-    log "workloads and pods deleted, sandboxes stopped ($((SECONDS - t0)) s)"
+  T0=$SECONDS
+  if [ -f "$dir/journal" ]; then
+    undo "$dir/journal" || log "some steps could not be undone (above)"
+    log "stopped and cleaned in $((SECONDS - T0)) s (journal replayed: $dir/journal.undone)"
+  else
+    log "nothing to undo in $dir (no journal)"
   fi
-  # 2. the daemons, by their recorded PIDs
-  local n
-  for n in $DAEMONS; do
-    if [ -f "$dir/$n.pid" ]; then stop_pid "$n" "$(cat "$dir/$n.pid")"; rm -f "$dir/$n.pid"; fi
-  done
-  if [ -d "$dir/cp" ]; then
-    COS_KUBE_VERSION=$K8S_VERSION COS_KUBE_RUN=$dir/cp bash "$CP_SCRIPT" stop 2>&1 | sed 's/^/  /' >&2 || true
-  fi
-  log "daemons stopped ($((SECONDS - t0)) s)"
-  # any task still running (a sandbox the kubelet did not stop): kill it through containerd
-  local sock=$dir/containerd/containerd.sock id
-  if [ -f "$dir/containerd.pid" ] && alive "$dir" containerd; then
-    for id in $(ctr --address "$sock" -n k8s.io tasks ls -q 2>/dev/null); do
-      ctr --address "$sock" -n k8s.io tasks kill -s SIGKILL "$id" >/dev/null 2>&1 || true
-      ctr --address "$sock" -n k8s.io tasks delete -f "$id" >/dev/null 2>&1 || true
-      log "killed leftover task $id"
-    done
-  fi
-  if [ -f "$dir/containerd.pid" ]; then stop_pid containerd "$(cat "$dir/containerd.pid")"; rm -f "$dir/containerd.pid"; fi
-  local p
-  for p in $(shim_pids "$dir"); do stop_pid containerd-shim "$p"; done
-  # 3. what they leave: cgroups, mounts, pod network namespaces, log links, hard-coded paths
-  log "containerd and its shims stopped ($((SECONDS - t0)) s)"
-  remove_kubepods_cgroups "$dir"
-  unmount_under "$dir"
-  local ns
-  for ns in $(snap_netns); do
-    case $ns in cni-*) grep -qxF "$ns" "$dir/snapshot/netns" || { ip netns del "$ns" 2>/dev/null && log "removed pod network namespace $ns"; } ;; esac
-  done
-  if [ -e "$NETNS_PATH" ]; then ip netns del "$NETNS"; fi
-  if [ ! -e "$dir/snapshot/run-netns-was-mounted" ] && mountpoint -q /run/netns && [ -z "$(ls -A /run/netns)" ]; then
-    umount /run/netns 2>/dev/null || umount -l /run/netns || true
-  fi
-  remove_host_kube_chains "$dir"
-  if [ -d /var/log/containers ]; then
-    local f
-    for f in $(snap_logs); do grep -qxF "$f" "$dir/snapshot/logs" || rm -f "/var/log/containers/$f"; done
-  fi
-  # CNI results of this run's sandboxes (files named after the network, cos-kube-node or
-  # cni-loopback, and the sandbox), not whatever else shares /var/lib/cni
-  for f in $(comm -13 "$dir/snapshot/cni" <(snap_cni)); do
-    case ${f##*/} in "$NETNS"-* | cni-loopback-*) rm -f "$f" ;; esac
-  done
-  for p in $HOST_PATHS; do
-    grep -qxF "$p" "$dir/snapshot/paths" && continue
-    [ -e "$p" ] || continue
-    unmount_under "$p"
-    case $p in
-      /run/netns) rmdir "$p" 2>/dev/null || true ;;
-      /var/lib/cni | /etc/cni) find "$p" -depth -type d -empty -delete 2>/dev/null || true ;;
-      *) rm -rf "$p" ;;
-    esac
-  done
-  # the heavy state (image layers, volumes); configs, PKI, logs and the snapshot stay
-  rm -rf "$dir/containerd/root" "$dir/containerd/state" "$dir/kubelet" "$dir/cp/etcd"
-  log "stopped and cleaned in $((SECONDS - t0)) s"
-  check_clean "$dir"
+  [ -f "$dir/snapshot/paths" ] && check_clean "$dir"
   if [ "$(cat "$CACHE/node-run" 2>/dev/null)" = "$dir" ]; then rm -f "$CACHE/node-run"; fi
 }
 
@@ -836,5 +734,5 @@ case ${1:-} in
     import_images "$d" "$@"
     ctr --address "$d/containerd/containerd.sock" -n k8s.io images ls -q | sed '/^sha256:/d'
     ;;
-  *) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) usage ;;
 esac

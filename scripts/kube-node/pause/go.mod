@@ -1,0 +1,3 @@
+module cos-kube-pause
+
+go 1.22
