@@ -5,7 +5,7 @@
 // Deployment and the injector's ConfigMap from one `helm template`, kept
 // current by scripts/ci-packaging.sh. The webhook's code runs on the pod with
 // the ConfigMap's definition; the two containers must be equal field by field.
-import { readFileSync } from 'node:fs'
+import { readdirSync, readFileSync } from 'node:fs'
 import { fileURLToPath } from 'node:url'
 import t from 'tap'
 import { parse } from 'yaml'
@@ -164,7 +164,8 @@ t.test('a definition that would not work is a ConfigError naming COS_INJECT_SIDE
 
 t.test('the chart\'s routes are the route table\'s: its upstream.* values, their env, the "at least one URL" list', async t => {
   const chart = fileURLToPath(new URL('../../helm/cos-auth-proxy/', import.meta.url))
-  const helpers = readFileSync(`${chart}templates/_helpers.tpl`, 'utf8')
+  // The partials (templates/_*.tpl): the routes and the environment are _env.tpl's.
+  const helpers = readdirSync(`${chart}templates`).filter(f => /^_.*\.tpl$/.test(f)).sort().map(f => readFileSync(`${chart}templates/${f}`, 'utf8')).join('\n')
   const values = parse(readFileSync(`${chart}values.yaml`, 'utf8')) as { upstream: Record<string, unknown> }
   const listed = /define "cos-auth-proxy\.routeUrlValues" -\}\}([^{]*)\{\{/.exec(helpers)?.[1]?.trim().split(' ')
   t.same(listed, ROUTE_TABLE.map(r => r.chart.url), 'cos-auth-proxy.routeUrlValues lists the table\'s URL values, in its order')
