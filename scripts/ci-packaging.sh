@@ -12,7 +12,9 @@
 #                       must be refused; proxy.allowFrom must keep loopback in COS_ALLOW_FROM;
 #                       the injector's env and sidecar ConfigMap as rendered must start
 #                       `cos-auth-proxy inject`; test/fixtures/chart/injector.yaml (the
-#                       chart's sidecar and the injector's, from one render) must be current;
+#                       chart's sidecar and the injector's, from one render) and
+#                       examples/injector/ (the rendered default definition, for `inject`
+#                       without the chart) must be current, its ConfigMap valid;
 #                       the dashboard ConfigMap must hold the JSON file; examples/podmonitor.yaml
 #                       must be a valid PodMonitor
 #   3. alert-rules      the chart's PrometheusRule as rendered from ci/alerts-values.yaml:
@@ -147,6 +149,8 @@ helm_check() {
     "$out/dashboard.yaml" helm/cos-auth-proxy/dashboards/cos-auth-proxy.json || rc=1
   echo "-- examples/podmonitor.yaml (scrapes the sidecars; docs/operations.md)"
   "$TOOLS/validate-manifests.sh" --kube-version 1.29 examples/podmonitor.yaml || rc=1
+  echo "-- examples/injector/sidecar-configmap.yaml (the sidecar definition for \`inject\` without the chart)"
+  "$TOOLS/validate-manifests.sh" --kube-version 1.29 examples/injector/sidecar-configmap.yaml || rc=1
   echo "-- $PARENT (the sidecar templates inside a parent chart's Deployment)"
   "$helm" dependency build "$PARENT" >/dev/null || rc=1
   HELM="$helm" "$TOOLS/helm-check.sh" --kube-version 1.29 "$PARENT" || rc=1
