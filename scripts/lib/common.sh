@@ -30,10 +30,12 @@ alive() { [ -f "$1/$2.pid" ] && running "$(cat "$1/$2.pid")"; } # dir name
 
 # launch DIR NAME CMD...: CMD in a session of its own, stdin closed, output to DIR/NAME.log, its
 # PID in DIR/NAME.pid. Run in this shell's background (never inside $(...)), so $! is the
-# daemon's own PID: setsid and nsenter exec in place.
+# daemon's own PID: setsid and nsenter exec in place. It gets no other descriptor of ours
+# (on_failure's 7 and 8 are the caller's stdout and stderr: a daemon holding them open would
+# keep a caller that reads them, spawnSync say, waiting).
 launch() {
   local dir=$1 name=$2; shift 2
-  setsid "$@" >"$dir/$name.log" 2>&1 </dev/null &
+  setsid "$@" >"$dir/$name.log" 2>&1 </dev/null 7>&- 8>&- &
   echo $! >"$dir/$name.pid"
 }
 
@@ -105,15 +107,19 @@ undo() {
 
 # on_failure CMD [ARG...]: from here on, leaving the script (a step failing under set -e, die,
 # ^C) runs CMD first, then exits with that status (130 on INT or TERM; 1 if it was 0: the
-# bring-up did not finish). `on_failure -` disarms it once the bring-up is done.
+# bring-up did not finish). `on_failure -` disarms it once the bring-up is done. CMD writes
+# to the stdout and stderr the script had when armed (kept as 7 and 8): a failure inside a
+# function called with a redirection (`f >file 2>&1`) would otherwise send CMD's lines there.
 on_failure() {
-  if [ "$1" = - ]; then trap - EXIT INT TERM; return 0; fi
+  if [ "$1" = - ]; then trap - EXIT INT TERM; exec 7>&- 8>&-; return 0; fi
   _ON_FAILURE=("$@")
+  exec 7>&1 8>&2
   trap '_on_failure_exit $?' EXIT
   trap 'exit 130' INT TERM
 }
 _on_failure_exit() {
   trap - EXIT INT TERM
+  exec 1>&7 2>&8
   "${_ON_FAILURE[@]}" || true
   exit $(($1 == 0 ? 1 : $1))
 }
@@ -125,6 +131,7 @@ render() {
   local text name
   text=$(<"$1") || return 1
   for name in "${@:2}"; do text=${text//"\${$name}"/"${!name}"}; done
+  # shellcheck disable=SC2016 # a literal ${
   case $text in *'${'*) log "render: $1 has a \${...} not in: ${*:2}"; return 1 ;; esac
   printf '%s\n' "$text"
 }
