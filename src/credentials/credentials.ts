@@ -2,7 +2,8 @@
 // value and held behind a single reference, so a swap is atomic: a request
 // signs with the old pair or the new pair, never a mix.
 import type { KeyObject } from 'node:crypto'
-import { readBoundedFile, type FileRefusal } from './bounded-file.js'
+import { readBoundedFile } from '../mounted/bounded-file.js'
+import type { MountedFile, ReadRefusal } from '../mounted/mounted-files.js'
 import type { Config, CredentialSource } from '../config/config.js'
 import type { Secret } from '../config/secret.js'
 import { HeaderMinter, secretKey, type TokenEncoding } from '../token/token.js'
@@ -13,7 +14,7 @@ export type PairResult =
 
 /** `refusal`: the file was refused unread (what is at the path, or a read that never finished). */
 export interface PairFailure { readonly ok: false, readonly variable: string, readonly problem: string, readonly refusal?: ReadRefusal }
-export type ReadRefusal = FileRefusal | 'read_timeout'
+export type { ReadRefusal }
 
 type ItemResult = { readonly ok: true, readonly value: string } | PairFailure
 
@@ -46,15 +47,38 @@ function literalItem (name: string, secret: Secret): ItemResult {
 /** A key or secret is a few dozen characters; a file far larger is not one (and is never read whole). */
 export const CREDENTIAL_FILE_MAX_BYTES = 4096
 
+function fileItem (name: string, path: string, text: string): ItemResult {
+  const value = text.trim()
+  if (value === '') return { ok: false, variable: `${name}_FILE`, problem: `file ${JSON.stringify(path)} is empty` }
+  return { ok: true, value }
+}
+
 async function readItem (name: string, source: CredentialSource): Promise<ItemResult> {
   if (source.value !== undefined) return literalItem(name, source.value)
   const path = source.file ?? ''
   const read = await readBoundedFile(path, CREDENTIAL_FILE_MAX_BYTES)
-  const variable = `${name}_FILE`
-  if (!read.ok) return { ...read, variable }
-  const value = read.text.trim()
-  if (value === '') return { ok: false, variable, problem: `file ${JSON.stringify(path)} is empty` }
-  return { ok: true, value }
+  if (!read.ok) return { ...read, variable: `${name}_FILE` }
+  return fileItem(name, path, read.text)
+}
+
+const ITEMS = [['COS_ACCESS_KEY', 'accessKey'], ['COS_ACCESS_KEY_SECRET', 'secret']] as const
+
+/** The items that are files, in order (the key's, then the secret's): what the watcher reads. */
+export function credentialFiles (credentials: Config['credentials']): MountedFile[] {
+  return ITEMS.flatMap(([name, item]) => {
+    const path = credentials[item].file
+    return path === undefined ? [] : [{ path, variable: `${name}_FILE`, maxBytes: CREDENTIAL_FILE_MAX_BYTES }]
+  })
+}
+
+/** The pair from the texts of credentialFiles (in its order) and the literals. Never echoes the secret. */
+export function pairFromTexts (credentials: Config['credentials'], encoding: TokenEncoding, texts: readonly string[]): PairResult {
+  let next = 0
+  const [key, secret] = ITEMS.map(([name, item]) => {
+    const source = credentials[item]
+    return source.value !== undefined ? literalItem(name, source.value) : fileItem(name, source.file ?? '', texts[next++] ?? '')
+  }) as [ItemResult, ItemResult]
+  return toPair(credentials, encoding, key, secret)
 }
 
 function toPair (credentials: Config['credentials'], encoding: TokenEncoding, key: ItemResult, secret: ItemResult): PairResult {

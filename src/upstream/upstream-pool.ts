@@ -3,7 +3,7 @@
 // an egress proxy.
 import { rootCertificates } from 'node:tls'
 import { Pool } from 'undici'
-import { readBoundedFileSync } from '../credentials/bounded-file.js'
+import { readBoundedFileSync } from '../mounted/bounded-file.js'
 import { ConfigError, type Config } from '../config/config.js'
 
 export interface TlsMaterial {
