@@ -160,6 +160,7 @@ helm_check() {
     "additional properties 'foo' not allowed|$C|-f $M --set foo=1"
     "at '/proxy/port': got string, want integer|$C|-f $M --set-string proxy.port=8080"
     "additional properties 'bogus' not allowed|$C|-f $M --set networkPolicy.bogus=true"
+    "at '/credentials/existingSecret': 'Cos_Credentials' does not match pattern|$C|-f $M --set credentials.existingSecret=Cos_Credentials"
     "at '/sidecar/native': got string, want boolean|$C|-f $M --set-string sidecar.native=yes"
     "does not match pattern|$C|-f $M --set upstream.apiUrl=ftp://example.com"
     "set proxy.allowFrom|$C|--set mode=deployment --set upstream.apiUrl=https://x --set credentials.existingSecret=s"
