@@ -119,7 +119,7 @@ GO
 
 # ---------------------------------------------------------------- run directory
 # `start` makes a new directory and records it in $CACHE/current-run; every other
-# command reads it from there. A run given by COS_KUBE_RUN (test/kubernetes/run.ts,
+# command reads it from there. A run given by COS_KUBE_RUN (test/e2e/kubernetes/kubernetes.e2e.ts,
 # kube-node.sh's control plane) is never recorded there, nor is the pointer removed by
 # its `clean`: the pointer belongs to the plain runs, whose `stop` must not reach
 # another cluster (issue 37); `clean` removes it only when it names the run cleaned.

@@ -1,6 +1,6 @@
 // scripts/kube-control-plane.sh keeps a pointer to the last plain run in
 // $COS_KUBE_CACHE/current-run, so that a plain `stop` finds it. A run given by
-// COS_KUBE_RUN (test/kubernetes/run.ts, kube-node.sh's control plane) must leave
+// COS_KUBE_RUN (test/e2e/kubernetes/kubernetes.e2e.ts, kube-node.sh's control plane) must leave
 // that pointer alone: before issue 37 its `start` rewrote it, and a plain `stop`
 // elsewhere then stopped the wrong cluster (and its `clean` deleted the pointer).
 //
