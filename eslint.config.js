@@ -10,7 +10,7 @@ export default tseslint.config(
     languageOptions: {
       parserOptions: {
         projectService: {
-          allowDefaultProject: ['*.js', 'scripts/*.mjs', 'test/kubelet/*.mjs'],
+          allowDefaultProject: ['*.js', 'scripts/*.mjs', 'test/e2e/kubelet/*.mjs'],
           // The plain-JavaScript scripts (type-checking is off for them, below) outgrew the default of 8.
           maximumDefaultProjectFileMatchCount_THIS_WILL_SLOW_DOWN_LINTING: 24,
         },

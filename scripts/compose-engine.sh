@@ -30,7 +30,7 @@
 #
 # Podman leaves healthchecks to systemd timers; with no systemd running, nothing runs them and
 # `depends_on: condition: service_healthy` waits for ever: run `exec podman healthcheck run NAME`
-# (test/compose/engine.ts's healthTicker does it at each check's interval).
+# (test/e2e/compose/engine.ts's healthTicker does it at each check's interval).
 #
 # Environment: COS_COMPOSE_RUN, the run directory `up` made and printed (exec and down need it).
 # Needs root (network namespace, rootful podman).

@@ -90,7 +90,7 @@ if [[ -n $sign_key ]]; then
   # Offline, key-based: a signing configuration with no services (cosign v3 refuses
   # --tlog-upload=false) and an empty trusted root, so that cosign asks no TUF
   # repository for one (it would otherwise try tuf-repo-cdn.sigstore.dev); a check
-  # then needs --insecure-ignore-tlog and the same empty root (test/release/signatures.ts).
+  # then needs --insecure-ignore-tlog and the same empty root (test/e2e/release/signatures.ts).
   "$cosign" signing-config create --out "$work/signing-config.json" >/dev/null 2>&1 \
     || die "cosign signing-config create failed"
   echo '{"mediaType":"application/vnd.dev.sigstore.trustedroot+json;version=0.1"}' >"$work/trusted-root.json"

@@ -40,7 +40,7 @@
 #   --platform P          linux/amd64 (default) or linux/arm64: the image's platform. An arm64
 #                         image is built, reported and kept like an amd64 one, but not run:
 #                         no arm64 code runs in a container here (no binfmt handler;
-#                         test/release/platforms.ts runs its bundle under qemu-user)
+#                         test/e2e/release/platforms.ts runs its bundle under qemu-user)
 #   --build-arg K=V       passed to podman build (repeatable)
 #   --build-only          build and report, do not run
 #   --keep                keep the built image (the stand-ins are always kept)
@@ -418,7 +418,7 @@ else say "image has no /bin/sh"; fi
 ((build_only)) && exit 0
 if [[ $arch == arm64 ]]; then
   say "linux/arm64: the run check is skipped: no arm64 code runs in a container here (no binfmt handler);" \
-    "test/release/platforms.ts runs its bundle under qemu-aarch64-static instead"
+    "test/e2e/release/platforms.ts runs its bundle under qemu-aarch64-static instead"
   exit 0
 fi
 

@@ -5,11 +5,11 @@
 import { spawn } from 'node:child_process'
 import { request } from 'node:http'
 import { join } from 'node:path'
-import { ROOT, sh, sleep, type Run } from '../kubelet/cluster.js'
+import { ROOT, type Run, sh, sleep } from '../harness/processes.js'
 
 export const ENGINE = join(ROOT, 'scripts/compose-engine.sh')
 export const EXAMPLE = join(ROOT, 'examples/compose.yaml')
-export const OUTSIDER = join(ROOT, 'test/compose/outsider.yaml')
+export const OUTSIDER = join(ROOT, 'test/e2e/compose/outsider.yaml')
 
 export interface Engine { readonly run: string, readonly netns: string, readonly project: string, readonly socket: string }
 export interface Compose { readonly files: readonly string[], readonly env: Readonly<Record<string, string>> }

@@ -1,6 +1,6 @@
 // examples/compose.yaml brought up as a user would (`docker-compose up -d`, no --build: the
 // image is there), with the demo credentials copied to a temporary COS_CREDENTIALS_DIR, and
-// test/compose/outsider.yaml beside it (clients the proxy must refuse). Proofs 1-4 and 6: the app
+// test/e2e/compose/outsider.yaml beside it (clients the proxy must refuse). Proofs 1-4 and 6: the app
 // is started only once the proxy is healthy; the app gets 200 from the verifying mock API through
 // the proxy; the proxy answers nobody but the app (issue 43): a client on another network, the
 // Docker host itself (a request from the bridge's gateway), another container on the app's own
@@ -10,13 +10,13 @@
 import { chmodSync, cpSync, mkdirSync, readFileSync } from 'node:fs'
 import { randomBytes } from 'node:crypto'
 import { join } from 'node:path'
-import { equal, ok, section } from '../kubernetes/report.js'
-import { metric, ROOT, seconds } from '../kubelet/cluster.js'
+import { equal, ok, section } from '../harness/checks.js'
+import { ROOT, seconds, type Run } from '../harness/processes.js'
+import { metric } from '../kubelet/node.js'
 import {
   clean, compose, composeArgs, containers, curl, died, EXAMPLE, healthTicker, indent, inEngine, inEngineAsync, inspect, networks, OUTSIDER,
   podmanExec, say, secret, serviceLog, volumes, waitFor, type Compose, type Engine, type Inspect,
 } from './engine.js'
-import type { Run } from '../kubelet/cluster.js'
 
 const PROXY_URL = 'http://cos-auth-proxy:8080'
 const ADMIN = 'http://127.0.0.1:9090'
@@ -130,7 +130,7 @@ export async function example (e: Engine, work: string): Promise<void> {
   const c: Compose = { files: [EXAMPLE, OUTSIDER], env: { COS_CREDENTIALS_DIR: creds } }
 
   await section('up: the app only once the proxy is healthy (proof 1)', async () => {
-    await upInOrder(e, c, [], 'examples/compose.yaml + test/compose/outsider.yaml')
+    await upInOrder(e, c, [], 'examples/compose.yaml + test/e2e/compose/outsider.yaml')
   })
 
   await section('the app through the proxy: 200 from the verifying mock API (proof 2)', async () => {

@@ -1,6 +1,6 @@
 // The README's second recipe, "against the real API": the unedited examples/compose.yaml with
 // COS_MANAGEMENT_API_URL, COS_OPTIMIZE_API_URL and COS_CREDENTIALS_DIR set, `up -d app` (the
-// proxy but not the mock). The "real API" is test/kubelet/upstream.ts inside the namespace
+// proxy but not the mock). The "real API" is test/e2e/kubelet/upstream.ts inside the namespace
 // (reached from the containers at the compose network's gateway, 172.28.0.1): it verifies every
 // token against the pairs it is told to accept, as the COS API does across a rotation (the new
 // key issued first, the old one revoked after). `mock-api` cannot stand in here: it reads its
@@ -12,11 +12,12 @@ import { chmodSync, mkdirSync, renameSync, statSync, writeFileSync } from 'node:
 import { randomBytes } from 'node:crypto'
 import { join } from 'node:path'
 import { createInterface } from 'node:readline'
-import { equal, ok, section } from '../kubernetes/report.js'
-import { metric, ROOT, seconds, sleep } from '../kubelet/cluster.js'
+import { equal, ok, section } from '../harness/checks.js'
+import { ROOT, seconds, sleep } from '../harness/processes.js'
+import { metric } from '../kubelet/node.js'
 import { clean, containers, curl, EXAMPLE, inEngineAsync, podmanExec, say, secret, serviceLog, waitFor, type Compose, type Engine } from './engine.js'
 import { appStatuses, downClean, upInOrder } from './example.js'
-import { accessKeyHint } from '../../src/credentials/credentials.js'
+import { accessKeyHint } from '../../../src/credentials/credentials.js'
 
 const PORT = 18082
 const GATEWAY = '172.28.0.1'
@@ -29,9 +30,9 @@ interface Seen { t: number, key: string, status: number, path: string }
 // Keys of 32+ characters: the log's hint of one (accessKeyHint) keeps 4 at each end, enough to tell them apart.
 const newPair = (name: string): Pair => ({ key: `compose-${name}-${randomBytes(12).toString('hex')}`, secret: secret(`SeCrEt-${name}-${randomBytes(18).toString('base64')}`) })
 
-/** test/kubelet/upstream.ts in the namespace, on every address there (its loopback and the compose bridges only). */
+/** test/e2e/kubelet/upstream.ts in the namespace, on every address there (its loopback and the compose bridges only). */
 function startUpstream (netns: string): { child: ChildProcess, seen: Seen[], say: (line: string) => void, output: () => string } {
-  const child = spawn('nsenter', [`--net=/run/netns/${netns}`, process.execPath, '--import', 'tsx', 'test/kubelet/upstream.ts', '0.0.0.0', String(PORT)],
+  const child = spawn('nsenter', [`--net=/run/netns/${netns}`, process.execPath, '--import', 'tsx', 'test/e2e/kubelet/upstream.ts', '0.0.0.0', String(PORT)],
     { cwd: ROOT, stdio: ['pipe', 'pipe', 'pipe'] })
   const seen: Seen[] = []
   let output = ''

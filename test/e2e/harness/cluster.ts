@@ -1,16 +1,13 @@
-// The control plane of scripts/kube-control-plane.sh, and the two ways the suite
-// talks to it: its REST API over HTTPS with the admin client certificate (no
-// kubectl needed), and helm with the kubeconfig the script wrote.
-import { execFile, spawnSync, type ChildProcess } from 'node:child_process'
-import { mkdtempSync, readFileSync } from 'node:fs'
-import { tmpdir } from 'node:os'
-import { request } from 'node:https'
+// The one cluster client of the end-to-end suites: the Kubernetes REST API of whatever cluster a
+// kubeconfig names (its current context: the server, its CA, a client certificate or a bearer
+// token, inline or in files), so the same checks run against the control plane a suite starts
+// or a cluster one already has. helm and kubectl are given the same kubeconfig.
+import { readFileSync } from 'node:fs'
 import type { IncomingHttpHeaders } from 'node:http'
-import { join } from 'node:path'
-import { fileURLToPath } from 'node:url'
-
-export const ROOT = fileURLToPath(new URL('../..', import.meta.url))
-export const SCRIPT = join(ROOT, 'scripts', 'kube-control-plane.sh')
+import { request } from 'node:https'
+import { dirname, resolve } from 'node:path'
+import { parse } from 'yaml'
+import { until } from './processes.js'
 
 export type Json = Record<string, unknown>
 
@@ -38,38 +35,38 @@ export function str (v: unknown, ...path: (string | number)[]): string | undefin
   return typeof s === 'string' ? s : undefined
 }
 
-export const sleep = (ms: number): Promise<void> => new Promise(resolve => setTimeout(resolve, ms))
-
-/** Polls until `probe` returns something other than undefined, or throws after `ms`. */
-export async function until<T> (what: string, ms: number, probe: () => Promise<T | undefined>): Promise<T> {
-  const deadline = Date.now() + ms
-  for (;;) {
-    const v = await probe()
-    if (v !== undefined) return v
-    if (Date.now() > deadline) throw new Error(`timed out after ${ms / 1000} s waiting for ${what}`)
-    await sleep(250)
-  }
-}
-
 export interface Reply { readonly status: number, readonly body: unknown, readonly text: string, readonly headers: IncomingHttpHeaders }
 
 export class Cluster {
   readonly url: string
-  readonly kubeconfig: string
-  readonly runDir: string
-  private readonly tls: { ca: Buffer, cert: Buffer, key: Buffer }
+  private readonly tls: { ca?: Buffer, cert?: Buffer, key?: Buffer, rejectUnauthorized: boolean }
+  private readonly auth: Record<string, string>
 
-  constructor (env: Readonly<Record<string, string>>) {
-    const need = (name: string): string => {
-      const v = env[name]
-      if (v === undefined) throw new Error(`${name} missing from '${SCRIPT} env'`)
-      return v
+  /** The cluster of `kubeconfig`'s current context (or of `context`). */
+  constructor (readonly kubeconfig: string, context?: string) {
+    const config = parse(readFileSync(kubeconfig, 'utf8')) as unknown
+    const named = (kind: string, name: unknown): Json => {
+      const entry = list(config, kind).find(e => e.name === name)
+      if (entry === undefined) throw new Error(`${kubeconfig}: no ${kind} entry named ${String(name)}`)
+      return entry
     }
-    this.url = need('COS_KUBE_URL')
-    this.kubeconfig = need('KUBECONFIG')
-    this.runDir = need('COS_KUBE_RUN')
-    const pki = join(this.runDir, 'pki')
-    this.tls = { ca: readFileSync(join(pki, 'ca.crt')), cert: readFileSync(join(pki, 'admin.crt')), key: readFileSync(join(pki, 'admin.key')) }
+    const ctx = named('contexts', context ?? str(config, 'current-context'))
+    const cluster = get(named('clusters', str(ctx, 'context', 'cluster')), 'cluster')
+    const user = get(named('users', str(ctx, 'context', 'user')), 'user')
+    /** A credential given inline (base64 `<name>-data`) or as a file relative to the kubeconfig. */
+    const bytes = (of: unknown, name: string): Buffer | undefined => {
+      const data = str(of, `${name}-data`)
+      if (data !== undefined) return Buffer.from(data, 'base64')
+      const file = str(of, name)
+      return file === undefined ? undefined : readFileSync(resolve(dirname(kubeconfig), file))
+    }
+    const server = str(cluster, 'server')
+    if (server === undefined) throw new Error(`${kubeconfig}: the cluster has no server`)
+    this.url = server
+    this.tls = { ca: bytes(cluster, 'certificate-authority'), cert: bytes(user, 'client-certificate'), key: bytes(user, 'client-key'), rejectUnauthorized: get(cluster, 'insecure-skip-tls-verify') !== true }
+    const token = str(user, 'token') ?? (str(user, 'tokenFile') === undefined ? undefined : readFileSync(resolve(dirname(kubeconfig), str(user, 'tokenFile') ?? ''), 'utf8').trim())
+    this.auth = token === undefined ? {} : { authorization: `Bearer ${token}` }
+    if (token === undefined && this.tls.cert === undefined) throw new Error(`${kubeconfig}: the user has neither a client certificate nor a token (exec and auth-provider plugins are not read here)`)
   }
 
   call (method: string, path: string, body?: unknown, contentType = 'application/json'): Promise<Reply> {
@@ -78,7 +75,7 @@ export class Cluster {
       const req = request(new URL(path, this.url), {
         method,
         ...this.tls,
-        headers: { accept: 'application/json', ...(payload === undefined ? {} : { 'content-type': contentType, 'content-length': Buffer.byteLength(payload) }) },
+        headers: { accept: 'application/json', ...this.auth, ...(payload === undefined ? {} : { 'content-type': contentType, 'content-length': Buffer.byteLength(payload) }) },
         timeout: 30_000,
       }, res => {
         const chunks: Buffer[] = []
@@ -152,47 +149,4 @@ export class Cluster {
       return pods.length === n ? pods : undefined
     })
   }
-}
-
-let scratchBase = tmpdir()
-/** Temporary directories of the run go under the run directory, which stop() removes (on signals too). */
-export function setScratchBase (dir: string): void { scratchBase = dir }
-export function scratch (prefix: string): string { return mkdtempSync(join(scratchBase, prefix)) }
-
-/** Every child still running, killed by killChildren() when the suite is stopped. */
-const children = new Set<ChildProcess>()
-export function track (child: ChildProcess): void {
-  children.add(child)
-  child.on('close', () => children.delete(child))
-}
-export function killChildren (): void {
-  for (const child of children) if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL')
-}
-
-export interface Run { readonly code: number | null, readonly stdout: string, readonly stderr: string }
-
-/** A command with a bounded time; never throws for a non-zero exit. */
-export function run (file: string, args: readonly string[], options: { env?: NodeJS.ProcessEnv, input?: string, timeoutMs?: number, cwd?: string } = {}): Promise<Run> {
-  return new Promise(resolve => {
-    const child = execFile(file, args, { env: options.env ?? process.env, cwd: options.cwd ?? ROOT, timeout: options.timeoutMs ?? 120_000, killSignal: 'SIGKILL', maxBuffer: 64 * 1024 * 1024 },
-      (err, stdout, stderr) => {
-        const code = err === null ? 0 : typeof err.code === 'number' ? err.code : null
-        resolve({ code, stdout, stderr: err !== null && code === null ? `${stderr}\n${err.message}` : stderr })
-      })
-    track(child)
-    if (options.input !== undefined) child.stdin?.end(options.input)
-  })
-}
-
-/** `scripts/kube-control-plane.sh <command>`, synchronously (start, stop, env). */
-export function controlPlane (command: string, env: NodeJS.ProcessEnv = process.env): { code: number | null, stdout: string, stderr: string } {
-  const r = spawnSync('bash', [SCRIPT, command], { env, encoding: 'utf8', timeout: 300_000 })
-  return { code: r.status, stdout: r.stdout, stderr: r.stderr }
-}
-
-/** `export A=b` lines → a record. */
-export function parseExports (text: string): Record<string, string> {
-  const out: Record<string, string> = {}
-  for (const m of text.matchAll(/^export ([A-Z_]+)=(.*)$/gm)) out[m[1] as string] = m[2] as string
-  return out
 }

@@ -1,4 +1,4 @@
-// The app of test/kubelet/run.ts's pods: baked into an image built FROM the project's image
+// The app of test/e2e/kubelet/kubelet.e2e.ts's pods: baked into an image built FROM the project's image
 // (it has node, nothing else), because the chart's app container takes only an image. It
 // calls the API through the sidecar the way an app would, at the URL the pod gives it:
 // COS_MANAGEMENT_URL (the parent-chart example sets it) or $COS_PROXY_URL/management (the

@@ -4,15 +4,13 @@
 // labelled namespace: a Deployment whose app reaches the API through COS_PROXY_URL; a Job that
 // completes although its sidecar runs; 256 connections inside the sidecar's memory limit; a pod
 // deleted with a request in flight; the Secret rotated under a running proxy, then replaced by
-// a pair the upstream refuses. The app is test/kubelet/app.mjs; the upstream
-// test/kubelet/upstream.ts.
+// a pair the upstream refuses. The app is test/e2e/kubelet/app.mjs; the upstream
+// test/e2e/kubelet/upstream.ts.
 import { join } from 'node:path'
-import { accessKeyHint } from '../../src/credentials/credentials.js'
-import { ok, section } from '../kubernetes/report.js'
-import {
-  apply, appRequests, cgroupMemory, containerCgroup, containersOf, curlBody, followLog, imageValues, inNs, jsonLines, jsonLog, kubectl, metric,
-  mib, pods, probesPassed, requestLines, runningPod, seconds, sleep, statusesOf, until, type Context, type Pair, type Pod,
-} from './cluster.js'
+import { accessKeyHint } from '../../../src/credentials/credentials.js'
+import { ok, section } from '../harness/checks.js'
+import { seconds, sleep, until } from '../harness/processes.js'
+import { apply, appRequests, cgroupMemory, containerCgroup, containersOf, type Context, curlBody, followLog, imageValues, inNs, jsonLines, jsonLog, kubectl, metric, mib, type Pair, type Pod, pods, probesPassed, requestLines, runningPod, statusesOf } from './node.js'
 
 export const APPS = 'apps'
 const SYSTEM = 'cos-system'
@@ -21,7 +19,7 @@ const INJECTOR = `${RELEASE}-cos-auth-proxy-injector`
 const PROXY = 'cos-auth-proxy'
 const ADMIN_PORT = 9090
 
-/** An annotated workload of the app image; env configures test/kubelet/app.mjs. */
+/** An annotated workload of the app image; env configures test/e2e/kubelet/app.mjs. */
 function workload (x: Context, kind: 'Deployment' | 'Job', name: string, env: Record<string, string>): unknown {
   const template = {
     metadata: { labels: { app: name }, annotations: { 'cos-auth-proxy.io/inject': 'true' } },
@@ -49,15 +47,15 @@ const bytes = (quantity: string): number => {
 }
 
 async function waitForPod (selector: string, seconds_: number): Promise<Pod> {
-  return await until(`a Running pod ${selector} in ${APPS}`, seconds_, () => runningPod(APPS, selector))
+  return await until(`a Running pod ${selector} in ${APPS}`, seconds_ * 1000, () => runningPod(APPS, selector), 1000)
 }
 
 /** The kubelet's startup, readiness and liveness probes of the sidecar all passed at least once. */
 export async function probesOnAdminPort (ns: string, pod: string): Promise<void> {
-  const counts = await until(`the kubelet's liveness probe of ${pod}`, 60, () => {
+  const counts = await until(`the kubelet's liveness probe of ${pod}`, 60_000, () => {
     const c = probesPassed(ns, pod, PROXY)
     return c.Startup > 0 && c.Readiness > 0 && c.Liveness > 0 ? c : undefined
-  }).catch(() => probesPassed(ns, pod, PROXY))
+  }, 1000).catch(() => probesPassed(ns, pod, PROXY))
   ok(counts.Startup > 0 && counts.Readiness > 0 && counts.Liveness > 0,
     `the kubelet's probes on the admin port passed: startup ${counts.Startup}, readiness ${counts.Readiness}, liveness ${counts.Liveness} (its prober_probe_total{result="successful"})`)
 }
@@ -99,15 +97,15 @@ export async function injectorAndLooper (x: Context): Promise<void> {
     const appToken = tokenMount(pod.spec.containers.find(c => c.name === 'app'))
     ok(appToken.startsWith('kube-api-access-') && tokenMount(sidecar) === 'cos-auth-proxy-no-api-token',
       `the ServiceAccount token is mounted in the app (${appToken}), not in the proxy (${tokenMount(sidecar)})`)
-    const requests = await until(`a 200 in ${name}'s app log`, 60, () => {
+    const requests = await until(`a 200 in ${name}'s app log`, 60_000, () => {
       const rs = appRequests(APPS, name)
       return rs.some(q => q.status === '200') ? rs : undefined
-    })
+    }, 1000)
     const appLog = kubectl('-n', APPS, 'logs', name, '-c', 'app').stdout
     ok(appLog.includes('from COS_PROXY_URL') && requests[0]?.status === '200',
       `the app's first request, to $COS_PROXY_URL/management/v1/clusters, got ${requests[0]?.status ?? 'nothing'}`)
-    const verified = await until('the upstream\'s line', 10, () =>
-      x.upstream.requests().some(q => q.remote === pod.status.podIP && q.key === x.pairs.a.key && q.status === 200) ? true : undefined).catch(() => false)
+    const verified = await until('the upstream\'s line', 10_000, () =>
+      x.upstream.requests().some(q => q.remote === pod.status.podIP && q.key === x.pairs.a.key && q.status === 200) ? true : undefined, 1000).catch(() => false)
     ok(verified, `the upstream verified its token (pair a) on a request from the pod's address ${pod.status.podIP ?? '?'}`)
     let injected = 0
     for (const p of pods(SYSTEM, 'app.kubernetes.io/component=injector')) {
@@ -122,10 +120,10 @@ export async function jobCompletes (x: Context): Promise<void> {
   await section('a Job with a native sidecar completes', async () => {
     const t = Date.now()
     ok(apply(APPS, workload(x, 'Job', 'once', { APP_MODE: 'once' })).code === 0, 'Job once (annotated) applied')
-    const done = await until('Job once succeeded or failed', 180, () => {
+    const done = await until('Job once succeeded or failed', 180_000, () => {
       const s = kubectl('-n', APPS, 'get', 'job', 'once', '-o', 'jsonpath={.status.succeeded}/{.status.failed}').stdout
       return s === '1/' || s.endsWith('/1') ? s : undefined
-    })
+    }, 1000)
     ok(done === '1/', `Job once: succeeded (${seconds(t)} from apply), not left running by its sidecar`, done)
     const pod = pods(APPS, 'job-name=once')[0]
     ok(pod?.status.phase === 'Succeeded', `its pod ended ${pod?.status.phase ?? '?'}`)
@@ -148,7 +146,7 @@ export async function memoryLimit (x: Context): Promise<void> {
     const idle = cgroupMemory(cg.container)
     ok(idle.limit === want, `memory.limit_in_bytes ${mib(idle.limit)} is the chart's limit (${mib(want)})`)
     console.log(`  # idle, 5 s after start: working set ${mib(idle.workingSet)}, usage ${mib(idle.usage)}`)
-    const done = await until(`${name}: load done`, 120, () => /load: done (\{.*\})/.exec(kubectl('-n', APPS, 'logs', name, '-c', 'app').stdout)?.[1])
+    const done = await until(`${name}: load done`, 120_000, () => /load: done (\{.*\})/.exec(kubectl('-n', APPS, 'logs', name, '-c', 'app').stdout)?.[1], 1000)
     const load = JSON.parse(done) as { connections: number, requests: number, ok: number, failed: number, sockets: number }
     const after = cgroupMemory(cg.container)
     const podMax = cgroupMemory(cg.pod).maxUsage
@@ -167,7 +165,7 @@ export async function termination (x: Context): Promise<void> {
       'Deployment drainer applied (its app keeps a 4 s request in flight)')
     const pod = await waitForPod('app=drainer', 150)
     const name = pod.metadata.name
-    await until(`a 200 in ${name}'s app log`, 60, () => appRequests(APPS, name).some(q => q.status === '200') ? true : undefined)
+    await until(`a 200 in ${name}'s app log`, 60_000, () => appRequests(APPS, name).some(q => q.status === '200') ? true : undefined, 1000)
     // A finalizer keeps the Pod object, with its containers' final states, after they stop; their
     // logs are followed from now on, since the kubelet removes a deleted pod's containers.
     const hold = kubectl('-n', APPS, 'patch', 'pod', name, '--type=merge', '-p', '{"metadata":{"finalizers":["cos-auth-proxy.io/test-hold"]}}')
@@ -179,10 +177,10 @@ export async function termination (x: Context): Promise<void> {
     ok(del.code === 0, `kubectl delete pod ${name}`, del.stderr.trim())
     const grace = pod.spec.terminationGracePeriodSeconds ?? 30
     try {
-      const ended = await until(`${name}: both containers terminated`, grace + 30, () => {
+      const ended = await until(`${name}: both containers terminated`, (grace + 30) * 1000, () => {
         const p = pods(APPS, 'app=drainer').find(q => q.metadata.name === name)
         return p !== undefined && statusesOf(p).every(s => s.state?.terminated !== undefined) ? p : undefined
-      })
+      }, 1000)
       await Promise.race([Promise.all([logs.app.ended, logs.proxy.ended]), sleep(10_000)])
       const term = (c: string): { exitCode: number, finishedAt?: string } | undefined => statusesOf(ended).find(s => s.name === c)?.state?.terminated
       const [app, proxy] = [term('app'), term(PROXY)]
@@ -221,7 +219,7 @@ export async function rotation (x: Context): Promise<void> {
     const from = appRequests(APPS, name).length
     const t = Date.now()
     ok(putSecret(x.pairs.b, 'replace'), 'Secret cos-credentials replaced with pair b')
-    await until('a request signed with pair b', 120, () => x.upstream.requests().some(q => q.remote === ip && q.key === x.pairs.b.key) ? true : undefined)
+    await until('a request signed with pair b', 120_000, () => x.upstream.requests().some(q => q.remote === ip && q.key === x.pairs.b.key) ? true : undefined, 1000)
     ok(true, `the running proxy signs with pair b ${seconds(t)} after the Secret changed (the kubelet's sync, then the ..data swap)`)
     x.upstream.revoke(x.pairs.a)
     await sleep(4000)
@@ -236,7 +234,7 @@ export async function rotation (x: Context): Promise<void> {
 
     const before = metric(proxyMetrics(pod), 'cos_auth_proxy_upstream_responses_total', { route: 'management', status_class: '4xx' })
     ok(putSecret(x.pairs.c, 'replace'), 'Secret cos-credentials replaced with pair c, which the upstream does not know')
-    await until(`a 401 in ${name}'s app log`, 120, () => appRequests(APPS, name).some(q => q.status === '401') ? true : undefined)
+    await until(`a 401 in ${name}'s app log`, 120_000, () => appRequests(APPS, name).some(q => q.status === '401') ? true : undefined, 1000)
     const warn = jsonLog(APPS, name, PROXY).find(l => typeof l.msg === 'string' && l.msg.startsWith('auth: the upstream answered 401'))
     ok(warn !== undefined && warn.accessKey === accessKeyHint(x.pairs.c.key) && warn.status === 401,
       `the proxy logged the documented warning: ${JSON.stringify(warn?.msg ?? 'none').slice(0, 90)}… accessKey ${String(warn?.accessKey)}, reread ${String(warn?.reread)}`)

@@ -10,10 +10,10 @@
 //   injection.ts     the Secret rotated under the running proxy, then a refused pair (proof 4)
 // and `down`, which must leave the host as it was.
 //
-// Not part of `npm test` (tap runs test/**/*.test.ts; this file is not named so). Run as root:
+// A tap file, not part of `npm test` (that runs test/**/*.test.ts). Run as root:
 //   npm run test:kubelet
-// Ends with "N passed, N failed"; without the node's binaries, helm or the image it says how
-// to get them and exits 2 (0 passed, 0 failed, 1 skipped: never green by accident).
+// Without root, the node's binaries, helm or the image it is one skipped test that says how to
+// get them (CI counts a skip as a failure).
 // env: HELM (default helm on PATH), COS_KUBELET_IMAGE (podman image of this repository's
 // Dockerfile, default localhost/cos-auth-proxy:kubelet), COS_KUBE_VERSION and the other
 // COS_KUBE_* that scripts/kube-node.sh reads, COS_KUBELET_TIMEOUT_S (default 1500).
@@ -23,8 +23,9 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { randomBytes } from 'node:crypto'
 import { createInterface } from 'node:readline'
-import { ok, section, skipRunner, stopOnInterruption, summary } from '../kubernetes/report.js'
-import { curlStatus, kubectl, NETNS, node, NODE_IP, ROOT, seconds, sh, until, type Context, type Pair, type Run, type Upstream } from './cluster.js'
+import { ok, section, suite } from '../harness/checks.js'
+import { ROOT, type Run, seconds, sh, until } from '../harness/processes.js'
+import { type Context, curlStatus, kubectl, NETNS, node, NODE_IP, type Pair, type Upstream } from './node.js'
 import { injectorAndLooper, jobCompletes, memoryLimit, rotation, termination } from './injection.js'
 import { parentChart } from './parent-chart.js'
 import { standalone } from './standalone.js'
@@ -35,11 +36,6 @@ const UPSTREAM_PORT = 18082
 const IMAGE = process.env.COS_KUBELET_IMAGE ?? 'localhost/cos-auth-proxy:kubelet'
 const APP_IMAGE = 'localhost/cos-kube-app:1'
 const HELM = process.env.HELM ?? 'helm'
-
-const skipped = (why: string, how: string): never => skipRunner('kubelet', why, how)
-
-/** Brings the node down (once); set by main when the node is up. */
-let stopNode: () => void = () => {}
 
 function newPair (work: string, name: string): Pair {
   const dir = join(work, `pair-${name}`)
@@ -60,7 +56,7 @@ function inNamespace (args: readonly string[], env: NodeJS.ProcessEnv): { child:
 }
 
 function startUpstream (): { child: ChildProcess, upstream: Upstream } {
-  const child = spawn('nsenter', [`--net=/run/netns/${NETNS}`, process.execPath, '--import', 'tsx', 'test/kubelet/upstream.ts', NODE_IP, String(UPSTREAM_PORT)],
+  const child = spawn('nsenter', [`--net=/run/netns/${NETNS}`, process.execPath, '--import', 'tsx', 'test/e2e/kubelet/upstream.ts', NODE_IP, String(UPSTREAM_PORT)],
     { cwd: ROOT, stdio: ['pipe', 'pipe', 'inherit'] })
   const lines: Array<ReturnType<Upstream['requests']>[number]> = []
   createInterface({ input: child.stdout }).on('line', l => {
@@ -81,38 +77,63 @@ function startUpstream (): { child: ChildProcess, upstream: Upstream } {
   }
 }
 
-async function main (): Promise<number> {
-  if (process.getuid?.() !== 0) skipped('not root', 'run as root (network namespace, mounts, cgroups)')
-  if (node(['built']).code !== 0) {
-    skipped('the node\'s binaries or the pause image are not in the cache',
-      `build them once (control plane ~10 min on 2 cores, then ~1.5 min for the node):\n  ${process.env.COS_KUBE_VERSION === undefined ? '' : `COS_KUBE_VERSION=${process.env.COS_KUBE_VERSION} `}bash scripts/kube-node.sh build`)
-  }
-  if (sh(HELM, ['version', '--short']).code !== 0) skipped(`no helm (${HELM})`, 'set HELM=/path/to/helm (HELM=$(bash scripts/tools/get-helm.sh))')
-  if (!existsSync(CLI)) skipped(`no ${CLI}`, 'run npm run build first')
-  if (sh('podman', ['image', 'exists', IMAGE]).code !== 0) {
-    skipped(`no podman image ${IMAGE}`, `build it as the packaging step does (~3 min):\n  bash scripts/tools/container-smoke.sh -t ${IMAGE} --build-only --keep Dockerfile .`)
-  }
+let work = ''
+const children: ChildProcess[] = []
+let up = false
+let stopped = false
+/** Everything down (once): the upstreams, the node, the work directory, the app image. */
+function stop (): Run | undefined {
+  if (stopped) return undefined
+  stopped = true
+  for (const c of children) if (c.exitCode === null) c.kill('SIGTERM')
+  const r = up ? node(['down'], 300_000) : undefined
+  if (r !== undefined) console.log(`${r.stdout}${r.stderr}`.trim())
+  if (work !== '') rmSync(work, { recursive: true, force: true })
+  sh('podman', ['rmi', '--ignore', APP_IMAGE]) // built here from IMAGE; IMAGE is the caller's
+  return r
+}
 
-  const work = mkdtempSync(join(tmpdir(), 'cos-kubelet-'))
-  const children: ChildProcess[] = []
-  let up = false
-  let stopped = false
-  const stop = (): Run | undefined => {
-    if (stopped) return undefined
-    stopped = true
-    for (const c of children) if (c.exitCode === null) c.kill('SIGTERM')
-    const r = up ? node(['down'], 300_000) : undefined
-    if (r !== undefined) console.log(`${r.stdout}${r.stderr}`.trim())
-    rmSync(work, { recursive: true, force: true })
-    sh('podman', ['rmi', '--ignore', APP_IMAGE]) // built here from IMAGE; IMAGE is the caller's
-    return r
-  }
-  stopNode = () => { stop() }
-  stopOnInterruption('kubelet', Number(process.env.COS_KUBELET_TIMEOUT_S ?? '1500'), stopNode)
+suite('kubelet', {
+  prerequisites: [
+    () => process.getuid?.() !== 0 ? { why: 'not root', how: 'run as root (network namespace, mounts, cgroups)' } : undefined,
+    () => node(['built']).code === 0
+      ? undefined
+      : {
+          why: 'the node\'s binaries or the pause image are not in the cache',
+          how: `build them once (control plane ~10 min on 2 cores, then ~1.5 min for the node):\n  ${process.env.COS_KUBE_VERSION === undefined ? '' : `COS_KUBE_VERSION=${process.env.COS_KUBE_VERSION} `}bash scripts/kube-node.sh build`,
+        },
+    () => sh(HELM, ['version', '--short']).code === 0 ? undefined : { why: `no helm (${HELM})`, how: 'set HELM=/path/to/helm (HELM=$(bash scripts/tools/get-helm.sh))' },
+    () => existsSync(CLI) ? undefined : { why: `no ${CLI}`, how: 'run npm run build first' },
+    () => sh('podman', ['image', 'exists', IMAGE]).code === 0
+      ? undefined
+      : { why: `no podman image ${IMAGE}`, how: `build it as the packaging step does (~3 min):\n  bash scripts/tools/container-smoke.sh -t ${IMAGE} --build-only --keep Dockerfile .` },
+  ],
+  timeoutS: Number(process.env.COS_KUBELET_TIMEOUT_S ?? '1500'),
+  stop: () => { stop() },
+  setUp,
+}, async x => {
+  await parentChart(x, x.helmEnv, HELM)
+  await injectorAndLooper(x)
+  await jobCompletes(x)
+  await memoryLimit(x)
+  await termination(x)
+  await standalone(x)
+  await rotation(x)
 
-  // The app (test/kubelet/app.mjs) in an image FROM the project's (it has node).
+  await section('down', async () => {
+    const t = Date.now()
+    const r = stop()
+    ok(r?.code === 0, `down: everything stopped and the host as before up (${seconds(t)})`, r?.stderr.trim())
+    await Promise.resolve()
+  })
+})
+
+/** The app image built and saved, the node up, the upstreams inside its namespace, pair a's Secret. */
+async function setUp (): Promise<Context & { helmEnv: NodeJS.ProcessEnv }> {
+  work = mkdtempSync(join(tmpdir(), 'cos-kubelet-'))
+  // The app (test/e2e/kubelet/app.mjs) in an image FROM the project's (it has node).
   const t0 = Date.now()
-  cpSync(join(ROOT, 'test/kubelet/app.mjs'), join(work, 'app.mjs'))
+  cpSync(join(ROOT, 'test/e2e/kubelet/app.mjs'), join(work, 'app.mjs'))
   writeFileSync(join(work, 'Containerfile'), `FROM ${IMAGE}\nCOPY app.mjs /app/app.mjs\nENTRYPOINT ["/nodejs/bin/node", "/app/app.mjs"]\nCMD []\n`)
   for (const [args, what] of [
     [['build', '-q', '-t', APP_IMAGE, work], 'podman build of the app image'],
@@ -120,20 +141,19 @@ async function main (): Promise<number> {
     [['save', '--format', 'docker-archive', '-o', join(work, 'app.tar'), APP_IMAGE], `podman save ${APP_IMAGE}`],
   ] as const) {
     const r = sh('podman', args)
-    if (r.code !== 0) { console.log(`${what} failed: ${r.stderr.trim()}`); console.log('0 passed, 1 failed'); return 1 }
+    if (r.code !== 0) throw new Error(`${what} failed: ${r.stderr.trim()}`)
   }
-  console.log(`# images saved in ${seconds(t0)}`)
+  console.log(`images saved in ${seconds(t0)}`)
 
   const t1 = Date.now()
   up = true
   const started = node(['up', '--image', join(work, 'image.tar'), '--image', join(work, 'app.tar')], 600_000)
   console.log(`${started.stdout}${started.stderr}`.trim())
-  if (started.code !== 0) { up = false; console.log('0 passed, 1 failed'); return 1 }
-  console.log(`# up in ${seconds(t1)}`)
+  if (started.code !== 0) { up = false; throw new Error(`scripts/kube-node.sh up: exit ${started.code} (its output above)`) }
+  console.log(`up in ${seconds(t1)}`)
   const runDir = /export COS_KUBE_NODE_RUN=(\S+)/.exec(started.stdout)?.[1] ?? ''
-
   // The upstreams, inside the namespace on the node's address (pods reach it through the
-  // bridge): the product's mock API, verifying pair a, and test/kubelet/upstream.ts, which
+  // bridge): the product's mock API, verifying pair a, and test/e2e/kubelet/upstream.ts, which
   // accepts the pairs it is told to (a first).
   const pairs = { a: newPair(work, 'a'), b: newPair(work, 'b'), c: newPair(work, 'c') }
   const mock = inNamespace([CLI, 'mock-api', '--port', String(MOCK_PORT)],
@@ -159,37 +179,10 @@ async function main (): Promise<number> {
     pairs,
   }
 
-  await section('setup', async () => {
-    ok(kubectl('create', 'secret', 'generic', 'cos-credentials', `--from-file=access-key=${join(pairs.a.dir, 'access-key')}`,
-      `--from-file=access-key-secret=${join(pairs.a.dir, 'access-key-secret')}`).code === 0, 'Secret cos-credentials created (pair a)')
-    await until('the upstreams answering inside the namespace', 30, () =>
-      curlStatus(`${x.mockUrl}/management/v1/clusters`) === '401' && curlStatus(`${upstream.url}/management/v1/clusters`) === '401' ? true : undefined)
-    ok(true, `mock API (${x.mockUrl}) and the rotation upstream (${upstream.url}) inside ${NETNS} refuse a request without a token (401)`)
-  })
-
-  await parentChart(x, helmEnv, HELM)
-  await injectorAndLooper(x)
-  await jobCompletes(x)
-  await memoryLimit(x)
-  await termination(x)
-  await standalone(x)
-  await rotation(x)
-
-  await section('down', async () => {
-    const t = Date.now()
-    const r = stop()
-    ok(r?.code === 0, `down: everything stopped and the host as before up (${seconds(t)})`, r?.stderr.trim())
-    await Promise.resolve()
-  })
-  const s = summary()
-  if (s.failures.length > 0) console.log(`failed:\n${s.failures.map(f => `  ${f}`).join('\n')}`)
-  console.log(`${s.passed} passed, ${s.failed} failed`)
-  return s.failed === 0 ? 0 : 1
+  ok(kubectl('create', 'secret', 'generic', 'cos-credentials', `--from-file=access-key=${join(pairs.a.dir, 'access-key')}`,
+    `--from-file=access-key-secret=${join(pairs.a.dir, 'access-key-secret')}`).code === 0, 'Secret cos-credentials created (pair a)')
+  await until('the upstreams answering inside the namespace', 30_000, () =>
+    curlStatus(`${x.mockUrl}/management/v1/clusters`) === '401' && curlStatus(`${upstream.url}/management/v1/clusters`) === '401' ? true : undefined, 1000)
+  ok(true, `mock API (${x.mockUrl}) and the rotation upstream (${upstream.url}) inside ${NETNS} refuse a request without a token (401)`)
+  return { ...x, helmEnv }
 }
-
-main().then(code => { process.exitCode = code }, (err: unknown) => {
-  console.log(err instanceof Error ? err.stack : String(err))
-  stopNode() // before the closing line, so that it is the last one
-  console.log(`${summary().passed} passed, ${summary().failed + 1} failed`)
-  process.exitCode = 1
-})

@@ -1,21 +1,16 @@
-// What test/kubelet's checks share: commands inside the node's network namespace (kubectl,
-// helm, curl, by way of scripts/kube-node.sh exec), waiting, and the parts of Pods they read.
-import { spawn, spawnSync } from 'node:child_process'
+// The node of scripts/kube-node.sh, as the kubelet suite and the release's pod use it: commands
+// inside its network namespace (kubectl, helm, curl, by way of scripts/kube-node.sh exec) and
+// the parts of Pods the checks read.
+import { spawn } from 'node:child_process'
 import { readdirSync, readFileSync } from 'node:fs'
-import { dirname, join, resolve } from 'node:path'
-import { fileURLToPath } from 'node:url'
+import { join } from 'node:path'
+import { ROOT, sh, type Run } from '../harness/processes.js'
 
-export const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '../..')
 export const NODE_SCRIPT = join(ROOT, 'scripts/kube-node.sh')
 export const NETNS = process.env.COS_KUBE_NETNS ?? 'cos-kube-node'
 /** The node's address on its bridge, inside the namespace: where the upstreams listen. */
 export const NODE_IP = '10.88.0.1'
 
-export interface Run { code: number, stdout: string, stderr: string }
-export function sh (cmd: string, args: readonly string[], opts: { env?: NodeJS.ProcessEnv, timeoutMs?: number, input?: string } = {}): Run {
-  const r = spawnSync(cmd, args, { encoding: 'utf8', env: opts.env ?? process.env, timeout: opts.timeoutMs ?? 300_000, input: opts.input, maxBuffer: 64 << 20 })
-  return { code: r.status ?? 1, stdout: r.stdout, stderr: r.stderr }
-}
 export const node = (args: readonly string[], timeoutMs?: number): Run => sh('bash', [NODE_SCRIPT, ...args], { timeoutMs })
 /** A command inside the namespace, KUBECONFIG set by kube-node.sh exec. */
 export const inNs = (args: readonly string[], opts: { timeoutMs?: number, input?: string, env?: NodeJS.ProcessEnv } = {}): Run =>
@@ -27,19 +22,6 @@ export const apply = (ns: string, ...objects: unknown[]): Run =>
 /** GET from inside the namespace: the status code, or 000 when nothing answered. */
 export const curlStatus = (url: string): string => inNs(['curl', '-s', '-o', '/dev/null', '-m', '10', '-w', '%{http_code}', url]).stdout
 export const curlBody = (url: string): string => inNs(['curl', '-s', '-m', '10', url]).stdout
-
-export const sleep = (ms: number): Promise<void> => new Promise(resolve => setTimeout(resolve, ms))
-/** Polls probe once a second until it returns something other than undefined. */
-export async function until<T> (what: string, seconds: number, probe: () => T | undefined): Promise<T> {
-  const end = Date.now() + seconds * 1000
-  for (;;) {
-    const v = probe()
-    if (v !== undefined) return v
-    if (Date.now() > end) throw new Error(`timed out after ${seconds} s: ${what}`)
-    await sleep(1000)
-  }
-}
-export const seconds = (since: number): string => `${((Date.now() - since) / 1000).toFixed(1)} s`
 
 /** The part of a Pod these checks read. */
 export interface ContainerStatus {
@@ -65,7 +47,7 @@ export const runningPod = (ns: string, selector: string): Pod | undefined =>
 export const statusesOf = (pod: Pod): ContainerStatus[] => [...(pod.status.initContainerStatuses ?? []), ...(pod.status.containerStatuses ?? [])]
 export const containersOf = (pod: Pod): Container[] => [...(pod.spec.initContainers ?? []), ...pod.spec.containers]
 
-/** The app's log lines "<time> request <n> GET <url> <status|error CODE>" (test/kubelet/app.mjs). */
+/** The app's log lines "<time> request <n> GET <url> <status|error CODE>" (test/e2e/kubelet/app.mjs). */
 export const appRequests = (ns: string, pod: string): Array<{ n: number, status: string }> => requestLines(kubectl('-n', ns, 'logs', pod, '-c', 'app').stdout)
 export function requestLines (log: string): Array<{ n: number, status: string }> {
   return log.split('\n').flatMap(l => {
@@ -143,7 +125,7 @@ export function probesPassed (ns: string, pod: string, container: string): Recor
 /** A key pair of the test, in files for `kubectl create secret --from-file`. */
 export interface Pair { readonly name: string, readonly key: string, readonly secret: string, readonly dir: string }
 
-/** The token-verifying upstream that accepts a changing set of pairs (test/kubelet/upstream.ts). */
+/** The token-verifying upstream that accepts a changing set of pairs (test/e2e/kubelet/upstream.ts). */
 export interface Upstream {
   readonly url: string
   accept: (p: Pair) => void
@@ -162,7 +144,7 @@ export interface Context {
   readonly chart: string
   /** The project's image, as the chart's image.repository and image.tag. */
   readonly image: { readonly repository: string, readonly tag: string }
-  /** The app (test/kubelet/app.mjs) image. */
+  /** The app (test/e2e/kubelet/app.mjs) image. */
   readonly appImage: string
   /** `cos-auth-proxy mock-api` inside the namespace, verifying pair a. */
   readonly mockUrl: string

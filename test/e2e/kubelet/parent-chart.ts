@@ -3,8 +3,9 @@
 // 127.0.0.1:8080 answered by the mock API; the kubelet's probes on the admin port.
 import { cpSync, readFileSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
-import { ok, section } from '../kubernetes/report.js'
-import { appRequests, ROOT, runningPod, seconds, sh, statusesOf, until, type Context } from './cluster.js'
+import { ok, section } from '../harness/checks.js'
+import { ROOT, seconds, sh, until } from '../harness/processes.js'
+import { appRequests, type Context, runningPod, statusesOf } from './node.js'
 import { probesOnAdminPort } from './injection.js'
 
 export async function parentChart (x: Context, helmEnv: NodeJS.ProcessEnv, helmBin: string): Promise<void> {
@@ -29,17 +30,17 @@ export async function parentChart (x: Context, helmEnv: NodeJS.ProcessEnv, helmB
       const t = Date.now()
       const r = x.helm(['install', release, chart, '-f', values, '--set', `cos-auth-proxy.sidecar.native=${native}`, '--wait', '--timeout', '180s'])
       if (!ok(r.code === 0, `helm install ${release} (${seconds(t)})`, r.stderr.trim())) return
-      const pod = await until(`a Running pod of ${release}`, 120, () => runningPod('default', `app.kubernetes.io/instance=${release}`))
+      const pod = await until(`a Running pod of ${release}`, 120_000, () => runningPod('default', `app.kubernetes.io/instance=${release}`), 1000)
       const name = pod.metadata.name
       const proxy = statusesOf(pod).find(s => s.name === 'cos-auth-proxy')
       const appStatus = statusesOf(pod).find(s => s.name === 'app')
       ok(native ? (pod.spec.initContainers ?? []).some(c => c.name === 'cos-auth-proxy' && c.restartPolicy === 'Always')
         : pod.spec.containers.some(c => c.name === 'cos-auth-proxy'),
       native ? 'the proxy is a native sidecar (initContainer, restartPolicy: Always)' : 'the proxy is a plain container beside the app')
-      const requests = await until(`a 200 in the app's log of ${name}`, 90, () => {
+      const requests = await until(`a 200 in the app's log of ${name}`, 90_000, () => {
         const rs = appRequests('default', name)
         return rs.some(q => q.status === '200') ? rs : undefined
-      })
+      }, 1000)
       const first = requests[0]
       if (native) {
         const [ps, as] = [proxy?.state?.running?.startedAt ?? '', appStatus?.state?.running?.startedAt ?? '']
@@ -61,7 +62,7 @@ export async function parentChart (x: Context, helmEnv: NodeJS.ProcessEnv, helmB
         'the kubelet\'s readiness probe on the admin port passed (kubelet log: probe="readiness" status="ready")')
       if (native) await probesOnAdminPort('default', name)
       const podIP = pod.status.podIP ?? '?'
-      const seen = await until(`the mock API's log of a request from ${podIP}`, 15, () => x.mockLog().includes(`"remoteAddress":"${podIP}"`) ? true : undefined).catch(() => false)
+      const seen = await until(`the mock API's log of a request from ${podIP}`, 15_000, () => x.mockLog().includes(`"remoteAddress":"${podIP}"`) ? true : undefined, 1000).catch(() => false)
       ok(seen, `the mock API saw the requests come from the pod's address ${podIP}`)
       const del = x.helm(['uninstall', release, '--wait', '--timeout', '120s'])
       ok(del.code === 0, `helm uninstall ${release}`, del.stderr.trim())

@@ -3,8 +3,9 @@
 // its Service's ClusterIP (routed by kube-proxy's iptables rules inside the namespace) answered
 // 200 by the mock API through the proxy. The NetworkPolicy it renders is stored but not
 // enforced: the node's CNI (the bridge plugin) enforces none.
-import { ok, section } from '../kubernetes/report.js'
-import { curlStatus, imageValues, kubectl, seconds, until, type Context } from './cluster.js'
+import { ok, section } from '../harness/checks.js'
+import { seconds, until } from '../harness/processes.js'
+import { type Context, curlStatus, imageValues, kubectl } from './node.js'
 import { APPS } from './injection.js'
 
 export async function standalone (x: Context): Promise<void> {
@@ -21,11 +22,11 @@ export async function standalone (x: Context): Promise<void> {
     ok(endpoints.length >= 1, `Service cos-auth-proxy at ${ip}:8080, endpoints ${endpoints.join(', ')}`)
     // kube-proxy programs a new Service's rules on its next sync (seconds on a busy machine): until then
     // the ClusterIP answers nothing. Wait for its first answer, then every request must get 200.
-    const first = await until(`kube-proxy's rules for ${ip}`, 30, () => { const s = curlStatus(`http://${ip}:8080/management/v1/clusters`); return s === '000' ? undefined : s }).catch(() => '000')
+    const first = await until(`kube-proxy's rules for ${ip}`, 30_000, () => { const s = curlStatus(`http://${ip}:8080/management/v1/clusters`); return s === '000' ? undefined : s }, 1000).catch(() => '000')
     ok(first === '200', `the ClusterIP answers once kube-proxy has synced: ${first}`)
     const statuses = Array.from({ length: 6 }, () => curlStatus(`http://${ip}:8080/management/v1/clusters`))
     ok(statuses.every(s => s === '200'), `GET http://${ip}:8080/management/v1/clusters through kube-proxy: ${statuses.join(', ')}`)
-    const seen = await until('the mock API\'s lines', 10, () => endpoints.some(e => x.mockLog().includes(`"remoteAddress":"${e}"`)) ? true : undefined).catch(() => false)
+    const seen = await until('the mock API\'s lines', 10_000, () => endpoints.some(e => x.mockLog().includes(`"remoteAddress":"${e}"`)) ? true : undefined, 1000).catch(() => false)
     ok(seen,
       'the mock API verified the tokens of requests from the Deployment\'s pods')
     const del = x.helm(['uninstall', 'cos-auth-proxy', '--namespace', APPS, '--wait', '--timeout', '120s'])

@@ -1,5 +1,5 @@
-// The token-verifying upstream of test/kubelet/run.ts's injected pods, run inside the node's
-// network namespace (nsenter --net=… node --import tsx test/kubelet/upstream.ts HOST PORT).
+// The token-verifying upstream of test/e2e/kubelet/kubelet.e2e.ts's injected pods, run inside the node's
+// network namespace (nsenter --net=… node --import tsx test/e2e/kubelet/upstream.ts HOST PORT).
 // Unlike `cos-auth-proxy mock-api` it accepts a changing set of key pairs, as the real API does
 // across a rotation (the new key issued before the Secret changes, the old one revoked after),
 // set by lines on stdin: `accept <key> <secret>`, `revoke <key>`. A path with `/slow` is
@@ -8,7 +8,7 @@
 import { createServer } from 'node:http'
 import { createInterface } from 'node:readline'
 import type { AddressInfo } from 'node:net'
-import { parseToken, secretKey, verifyToken } from '../../src/token/token.js'
+import { parseToken, secretKey, verifyToken } from '../../../src/token/token.js'
 
 const SLOW_MS = 4000
 const MAX_SKEW_NS = 300n * 1_000_000_000n

@@ -4,7 +4,7 @@
 // the placeholders substituted from one table and nothing else edited.
 import { accessSync, constants, readFileSync, writeFileSync } from 'node:fs'
 import { delimiter, isAbsolute, join, resolve } from 'node:path'
-import { ROOT, run, type Run } from './kube.js'
+import { ROOT, run, type Run } from '../harness/processes.js'
 
 export const DOCS = ['docs/kubernetes.md', 'helm/cos-auth-proxy/README.md'] as const
 export type Doc = typeof DOCS[number]

@@ -4,9 +4,10 @@
 // ConfigMap changed (new pods get the new definition, the version tells them apart).
 import { uninstall } from './installs.js'
 import { INJECT, INJECTED, MWC, NAME, NS, pointAtLocal, RELEASE, samePodAsPrinted, startWebhook, upgrade, WEBHOOK, type Context } from './injection.js'
-import { get, list, str, until, type Json } from './kube.js'
+import { equal, ok, section } from '../harness/checks.js'
+import { get, type Json, list, str } from '../harness/cluster.js'
+import { until } from '../harness/processes.js'
 import { reinvoked } from './reinvocation.js'
-import { equal, ok, section } from './report.js'
 import { printInjected } from './webhook.js'
 
 const pod = (name: string): Json => ({ apiVersion: 'v1', kind: 'Pod', metadata: { name, annotations: { [INJECT]: 'true' } }, spec: { containers: [{ name: 'app', image: 'registry.example.com/app:1.0.0' }] } })

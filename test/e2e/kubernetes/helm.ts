@@ -2,7 +2,8 @@
 // directories (nothing of the user's), the kubeconfig of the run, bounded in time.
 import { join } from 'node:path'
 import { parseAllDocuments } from 'yaml'
-import { isObject, run, scratch, str, type Cluster, type Json, type Run } from './kube.js'
+import { type Cluster, isObject, type Json, str } from '../harness/cluster.js'
+import { run, type Run, scratch } from '../harness/processes.js'
 
 const CLUSTER_SCOPED = new Set(['MutatingWebhookConfiguration', 'ValidatingWebhookConfiguration', 'CustomResourceDefinition', 'Namespace', 'ClusterRole', 'ClusterRoleBinding', 'PriorityClass'])
 

@@ -8,8 +8,9 @@ import { execFileSync } from 'node:child_process'
 import { readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import type { Helm } from './helm.js'
-import { get, isObject, list, ROOT, run, scratch, str, until, type Cluster, type Json } from './kube.js'
-import { contains, equal, ok, section } from './report.js'
+import { contains, equal, ok, section } from '../harness/checks.js'
+import { type Cluster, get, isObject, type Json, list, str } from '../harness/cluster.js'
+import { ROOT, run, scratch, until } from '../harness/processes.js'
 import { CLI, printInjected, Webhook, WebhookFiles } from './webhook.js'
 
 export const CHART = join(ROOT, 'helm', 'cos-auth-proxy')

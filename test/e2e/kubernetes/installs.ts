@@ -6,8 +6,9 @@ import { X509Certificate } from 'node:crypto'
 import { existsSync, readdirSync, readFileSync, rmSync } from 'node:fs'
 import { join } from 'node:path'
 import { objectPath, parseYamlDocs, type Helm } from './helm.js'
-import { get, list, ROOT, str, until, type Cluster, type Json } from './kube.js'
-import { equal, ok, section } from './report.js'
+import { equal, ok, section } from '../harness/checks.js'
+import { type Cluster, get, type Json, list, str } from '../harness/cluster.js'
+import { ROOT, until } from '../harness/processes.js'
 
 const CHART = join(ROOT, 'helm', 'cos-auth-proxy')
 const PARENT = join(ROOT, 'examples', 'sidecar-parent-chart')

@@ -6,8 +6,8 @@ import { createServer } from 'node:https'
 import type { AddressInfo } from 'node:net'
 import { join } from 'node:path'
 import { INJECT, INJECTED, pointAtLocal, WEBHOOK, type Context } from './injection.js'
-import { get, isObject, list, str } from './kube.js'
-import { equal, ok } from './report.js'
+import { equal, ok } from '../harness/checks.js'
+import { get, isObject, list, str } from '../harness/cluster.js'
 
 const LABELLER = '/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/zz-cos-test-labeller'
 

@@ -5,8 +5,9 @@
 // diff and a new webhook certificate each time).
 import { join } from 'node:path'
 import type { Helm } from './helm.js'
-import { ROOT, type Cluster } from './kube.js'
-import { equal, ok, section } from './report.js'
+import { equal, ok, section } from '../harness/checks.js'
+import { type Cluster } from '../harness/cluster.js'
+import { ROOT } from '../harness/processes.js'
 
 const CHART = join(ROOT, 'helm', 'cos-auth-proxy')
 const ci = (file: string): string => join(CHART, 'ci', file)

@@ -5,7 +5,8 @@
 import { spawn, type ChildProcess } from 'node:child_process'
 import { mkdirSync, renameSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
-import { get, isObject, list, ROOT, run, str, track, until, type Cluster, type Json } from './kube.js'
+import { type Cluster, get, isObject, type Json, list, str } from '../harness/cluster.js'
+import { ROOT, run, track, until } from '../harness/processes.js'
 
 export const CLI = join(ROOT, 'dist', 'cos-auth-proxy.mjs')
 

@@ -7,14 +7,14 @@
 // and containerd use the very references the release printed. containerd 1.6's CRI speaks
 // plain HTTP to a localhost or loopback registry by itself (its default scheme for such a
 // host), so the node's config is unchanged.
-// In order: node up → relay up → the upstream (test/kubelet/upstream.ts) and the credentials
+// In order: node up → relay up → the upstream (test/e2e/kubelet/upstream.ts) and the credentials
 // Secret → helm install oci://… --plain-http (mode=deployment, image.repository/image.digest)
 // → the pod Ready, its image and imageID the digest, containerd's image list and the kubelet's
 // events naming the registry, the relay having carried the manifest and blobs → 200 through
 // the Service → down, with no process, namespace, socket or directory left.
 //
 // As a program (root; the node's binaries built; a registry holding the image and the chart):
-//   node --import tsx test/release/kubelet.ts --registry 127.0.0.1:PORT --digest sha256:… [--chart-version X.Y.Z]
+//   node --import tsx test/e2e/release/kubelet.ts --registry 127.0.0.1:PORT --digest sha256:… [--chart-version X.Y.Z]
 // env: HELM (default scripts/tools/get-helm.sh's), COS_KUBE_VERSION and the other COS_KUBE_*.
 import { spawn, type ChildProcess } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
@@ -23,8 +23,9 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { createInterface } from 'node:readline'
 import { fileURLToPath } from 'node:url'
-import { ok, section, stopOnInterruption, summary } from '../kubernetes/report.js'
-import { curlStatus, inNs, kubectl, NETNS, node, NODE_IP, ROOT, seconds, sh, until, type Pod } from '../kubelet/cluster.js'
+import { ok, section, suite } from '../harness/checks.js'
+import { ROOT, seconds, sh, until } from '../harness/processes.js'
+import { curlStatus, inNs, kubectl, NETNS, node, NODE_IP, type Pod } from '../kubelet/node.js'
 import { startRelay, type Relay } from './registry-relay.js'
 
 const NS = 'cos-release'
@@ -48,7 +49,7 @@ const helmPath = (): string => process.env.HELM ?? sh('bash', [join(ROOT, 'scrip
  * True once `probe` is: the children's lines (relay, upstream) are read only when this
  * process's event loop turns, which the harness's spawnSync calls hold up.
  */
-const eventually = async (probe: () => boolean, secondsMax = 10): Promise<boolean> => until('', secondsMax, () => probe() ? true : undefined).catch(() => false)
+const eventually = async (probe: () => boolean, secondsMax = 10): Promise<boolean> => until('', secondsMax * 1000, () => probe() ? true : undefined, 1000).catch(() => false)
 const alive = (pid: number): boolean => {
   try { return !/^\S+ \(.*\) Z/.test(readFileSync(`/proc/${pid}/stat`, 'utf8')) } catch { return false }
 }
@@ -59,9 +60,9 @@ function containerdImages (runDir: string): Array<{ ref: string, type: string, d
   return r.stdout.trim().split('\n').slice(1).map(l => l.split(/\s+/)).map(([ref = '', type = '', digest = '']) => ({ ref, type, digest }))
 }
 
-/** test/kubelet/upstream.ts inside the namespace on the node's address; its request lines. */
+/** test/e2e/kubelet/upstream.ts inside the namespace on the node's address; its request lines. */
 function startUpstream (): { child: ChildProcess, say: (line: string) => void, lines: Array<{ remote?: string, key?: string, path?: string, status?: number }> } {
-  const child = spawn('nsenter', [`--net=/run/netns/${NETNS}`, process.execPath, '--import', 'tsx', 'test/kubelet/upstream.ts', NODE_IP, String(UPSTREAM_PORT)],
+  const child = spawn('nsenter', [`--net=/run/netns/${NETNS}`, process.execPath, '--import', 'tsx', 'test/e2e/kubelet/upstream.ts', NODE_IP, String(UPSTREAM_PORT)],
     { cwd: ROOT, stdio: ['pipe', 'pipe', 'inherit'] })
   const lines: Array<{ remote?: string, key?: string, path?: string, status?: number }> = []
   createInterface({ input: child.stdout }).on('line', l => {
@@ -75,7 +76,7 @@ function startUpstream (): { child: ChildProcess, say: (line: string) => void, l
 
 let interrupted: () => void = () => {}
 /**
- * For a runner's stop on an interruption (report.ts's stopOnInterruption), before its closing
+ * For a runner's stop on an interruption (the suite's stop), before its closing
  * line: brings down what a podFromRegistry under way started (idempotent; the process's exit
  * does it otherwise).
  */
@@ -102,7 +103,7 @@ export async function podFromRegistry (opts: FromRegistry): Promise<void> {
     }
     rmSync(work, { recursive: true, force: true })
   }
-  // interrupted (report.ts's stopOnInterruption exits the process): still down, and said so
+  // interrupted (the suite's stop exits the process): still down, and said so
   const onExit = (): void => {
     const wasUp = up
     stop()
@@ -181,7 +182,7 @@ export async function podFromRegistry (opts: FromRegistry): Promise<void> {
     // 6. a request through the proxy
     const ip = kubectl('-n', NS, 'get', 'service', RELEASE, '-o', 'jsonpath={.spec.clusterIP}').stdout
     const url = `http://${ip}:8080/management/v1/clusters`
-    const first = await until(`kube-proxy's rules for ${ip}`, 60, () => { const s = curlStatus(url); return s === '000' ? undefined : s }).catch(() => '000')
+    const first = await until(`kube-proxy's rules for ${ip}`, 60_000, () => { const s = curlStatus(url); return s === '000' ? undefined : s }, 1000).catch(() => '000')
     ok(first === '200', `GET ${url} through the proxy: ${first}`)
     const u = upstream
     const ips = all.map(p => p.status.podIP)
@@ -209,16 +210,13 @@ if (process.argv[1] === fileURLToPath(import.meta.url)) {
   const registry = arg('--registry')
   const digest = arg('--digest')
   if (registry === undefined || digest === undefined) {
-    console.log('usage: node --import tsx test/release/kubelet.ts --registry 127.0.0.1:PORT --digest sha256:… [--chart-version X.Y.Z]')
+    console.log('usage: node --import tsx test/e2e/release/kubelet.ts --registry 127.0.0.1:PORT --digest sha256:… [--chart-version X.Y.Z]')
     process.exit(2)
   }
   const chartVersion = arg('--chart-version') ?? (JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as { version: string }).version
-  stopOnInterruption('release kubelet', 1200, stopPodFromRegistry)
-  await section('the chart from oci:// on a real node, the image pulled by digest', async () => {
-    await podFromRegistry({ registry, chart: `oci://${registry}/charts/cos-auth-proxy`, chartVersion, image: `${registry}/cos-auth-proxy`, digest })
+  suite('release kubelet', { prerequisites: [], timeoutS: 1200, stop: stopPodFromRegistry, setUp: () => Promise.resolve() }, async () => {
+    await section('the chart from oci:// on a real node, the image pulled by digest', async () => {
+      await podFromRegistry({ registry, chart: `oci://${registry}/charts/cos-auth-proxy`, chartVersion, image: `${registry}/cos-auth-proxy`, digest })
+    })
   })
-  const s = summary()
-  if (s.failures.length > 0) console.log(`failed:\n${s.failures.map(f => `  ${f}`).join('\n')}`)
-  console.log(`${s.passed} passed, ${s.failed} failed`)
-  process.exit(s.failed === 0 ? 0 : 1)
 }

@@ -9,22 +9,20 @@
 // it started (each in a process group of its own) and removes its
 // temporary directories, however it ends.
 //
-// Used by test/release/run.ts (npm run test:release) inside a section; by hand:
-//   node --import tsx test/release/npm-registry.ts --tgz dist/release/cos-auth-proxy-X.Y.Z-npm.tgz --version X.Y.Z
+// Used by test/e2e/release/release.e2e.ts (npm run test:release) inside a section; by hand:
+//   node --import tsx test/e2e/release/npm-registry.ts --tgz dist/release/cos-auth-proxy-X.Y.Z-npm.tgz --version X.Y.Z
 // (node scripts/npm-package.mjs --out DIR makes the tarball).
 import { spawn, type ChildProcess } from 'node:child_process'
 import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { delimiter, dirname, join, resolve } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
-import { fileURLToPath, pathToFileURL } from 'node:url'
+import { pathToFileURL } from 'node:url'
 import { parseArgs } from 'node:util'
-import { seconds, sh } from '../kubelet/cluster.js'
-import { ok, section, summary } from '../kubernetes/report.js'
-import { scaled } from '../support/time-scale.js'
-import { freePort } from './registry.js'
+import { ok, section } from '../harness/checks.js'
+import { freePort, ROOT, seconds, sh, until } from '../harness/processes.js'
+import { scaled } from '../../support/time-scale.js'
 
-const ROOT = fileURLToPath(new URL('../..', import.meta.url))
 const PACKAGE = 'cos-auth-proxy'
 const PUBLISHER = { name: 'release-test', password: 'release-test-only-password' }
 
@@ -63,16 +61,6 @@ async function stopGroup (child: ChildProcess): Promise<boolean> {
   return !groupAlive(pid)
 }
 
-async function until<T> (what: string, ms: number, probe: () => Promise<T | undefined>): Promise<T> {
-  const end = Date.now() + scaled(ms)
-  for (;;) {
-    const v = await probe().catch(() => undefined)
-    if (v !== undefined) return v
-    if (Date.now() > end) throw new Error(`timed out: ${what}`)
-    await sleep(200)
-  }
-}
-
 /** The proxy's address the demo prints on stderr; undefined when npx ends first or after 120 s (scaled). */
 async function demoAddress (demo: ReturnType<typeof start>): Promise<string | undefined> {
   const end = Date.now() + scaled(120_000)
@@ -93,7 +81,7 @@ function verdaccioBin (): string {
 
 function verdaccioConfig (dir: string): string {
   const file = join(dir, 'config.yaml')
-  writeFileSync(file, `# written by test/release/npm-registry.ts
+  writeFileSync(file, `# written by test/e2e/release/npm-registry.ts
 storage: ${JSON.stringify(join(dir, 'storage'))}
 auth:
   htpasswd:
@@ -131,7 +119,7 @@ export async function npmFromRegistry (opts: { tgz: string, version: string }): 
     mkdirSync(join(work, 'registry'))
     const registry = start(process.execPath, [bin, '--config', verdaccioConfig(join(work, 'registry')), '--listen', `127.0.0.1:${port}`], { cwd: join(work, 'registry'), env: cleanEnv({}) })
     started.push(registry.child)
-    await until(`verdaccio answering on ${url} (${registry.err().trim().split('\n').at(-1) ?? ''})`, 60_000, async () => (await fetch(`${url}-/ping`)).status === 200 ? true : undefined)
+    await until(`verdaccio answering on ${url} (${registry.err().trim().split('\n').at(-1) ?? ''})`, scaled(60_000), () => fetch(`${url}-/ping`).then(r => r.status === 200 ? true : undefined, () => undefined), 200)
     ok(true, `verdaccio on 127.0.0.1:${port}, its storage in a temporary directory (${seconds(t0)})`)
     const outside = await fetch(`${url}left-pad`)
     ok(outside.status === 404, `no uplink: a package not published here is ${outside.status} (404), nothing fetched from outside`)
@@ -192,12 +180,9 @@ export async function npmFromRegistry (opts: { tgz: string, version: string }): 
 if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(process.argv[1]).href) {
   const { values } = parseArgs({ options: { tgz: { type: 'string' }, version: { type: 'string' } }, strict: true })
   if (values.tgz === undefined || values.version === undefined) {
-    console.error('usage: node --import tsx test/release/npm-registry.ts --tgz FILE --version X.Y.Z')
+    console.error('usage: node --import tsx test/e2e/release/npm-registry.ts --tgz FILE --version X.Y.Z')
     process.exit(2)
   }
   const { tgz, version } = values
   await section('the npm package, from a registry on loopback', async () => { await npmFromRegistry({ tgz, version }) })
-  const s = summary()
-  console.log(`${s.passed} passed, ${s.failed} failed`)
-  process.exitCode = s.failed === 0 ? 0 : 1
 }

@@ -17,20 +17,18 @@
 // Temporary directories and processes are removed in a finally.
 //
 // Alone, against an index already pushed (plain HTTP to a loopback registry):
-//   node --import tsx test/release/platforms.ts 127.0.0.1:PORT/cos-auth-proxy@sha256:…
+//   node --import tsx test/e2e/release/platforms.ts 127.0.0.1:PORT/cos-auth-proxy@sha256:…
 import { spawn, type ChildProcess } from 'node:child_process'
 import { createHash } from 'node:crypto'
 import { mkdtempSync, openSync, readFileSync, readSync, closeSync, readdirSync, rmSync, writeFileSync, existsSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
-import { fileURLToPath, pathToFileURL } from 'node:url'
-import { equal, ok, summary } from '../kubernetes/report.js'
-import { sh } from '../kubelet/cluster.js'
-import { scaled } from '../support/time-scale.js'
-import { freePort } from './registry.js'
+import { pathToFileURL } from 'node:url'
+import { equal, ok } from '../harness/checks.js'
+import { freePort, ROOT, sh } from '../harness/processes.js'
+import { scaled } from '../../support/time-scale.js'
 
-const ROOT = fileURLToPath(new URL('../..', import.meta.url))
 const VERSION = (JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as { version: string }).version
 const ENTRYPOINT = ['/nodejs/bin/node', '--max-semi-space-size=8', '/app/dist/cos-auth-proxy.mjs']
 const BUNDLE = 'app/dist/cos-auth-proxy.mjs'
@@ -223,13 +221,10 @@ async function poll (url: string, ms: number, alive: () => boolean): Promise<num
 if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(process.argv[1]).href) {
   const ref = process.argv[2] ?? ''
   if (!/@sha256:[0-9a-f]{64}$/.test(ref)) {
-    console.log('usage: node --import tsx test/release/platforms.ts REG/cos-auth-proxy@sha256:<index digest>')
+    console.log('usage: node --import tsx test/e2e/release/platforms.ts REG/cos-auth-proxy@sha256:<index digest>')
     process.exit(2)
   }
   const get = sh('bash', [join(ROOT, 'scripts/tools/get-go-tool.sh'), 'crane'], { timeoutMs: 1_800_000 })
   const insecure = /^(127\.|localhost[:/]|\[::1\])/.test(ref)
   await platformContent({ crane: get.stdout.trim(), ref, insecure }).catch((err: unknown) => { ok(false, err instanceof Error ? err.message : String(err)) })
-  const s = summary()
-  console.log(`${s.passed} passed, ${s.failed} failed`)
-  process.exitCode = s.failed === 0 ? 0 : 1
 }

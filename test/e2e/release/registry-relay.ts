@@ -14,7 +14,7 @@
 // carries ({"request":"GET /v2/…"}), so a test can say what was fetched through it. Each half
 // exits when its stdin closes (its parent gone) or on SIGTERM.
 //
-// As a program: node --import tsx test/release/registry-relay.ts --listen ADDR --to ADDR
+// As a program: node --import tsx test/e2e/release/registry-relay.ts --listen ADDR --to ADDR
 //   (ADDR: HOST:PORT, or the path of a unix socket)
 import { spawn, type ChildProcess } from 'node:child_process'
 import { existsSync, mkdtempSync, rmSync } from 'node:fs'
@@ -23,9 +23,9 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { createInterface } from 'node:readline'
 import { fileURLToPath } from 'node:url'
+import { ROOT } from '../harness/processes.js'
 
 const HERE = fileURLToPath(import.meta.url)
-const ROOT = fileURLToPath(new URL('../..', import.meta.url))
 
 export interface Relay {
   /** The temporary directory that holds the socket (gone after stop). */

@@ -4,10 +4,10 @@
 // directory, stopped and removed by stop().
 import { spawn } from 'node:child_process'
 import { closeSync, mkdirSync, mkdtempSync, openSync, readFileSync, rmSync } from 'node:fs'
-import { createServer } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
+import { freePort } from '../harness/processes.js'
 
 export interface Registry {
   /** 127.0.0.1:PORT */
@@ -16,16 +16,6 @@ export interface Registry {
   /** Resolves once the process has exited (after stop()). */
   exited: Promise<void>
   stop: () => void
-}
-
-/** A port free on 127.0.0.1 now (a registry's, verdaccio's). */
-export async function freePort (): Promise<number> {
-  const s = createServer()
-  await new Promise<void>(resolve => s.listen(0, '127.0.0.1', resolve))
-  const address = s.address()
-  await new Promise<void>(resolve => s.close(() => { resolve() }))
-  if (address === null || typeof address === 'string') throw new Error('no port')
-  return address.port
 }
 
 export async function startRegistry (crane: string): Promise<Registry> {

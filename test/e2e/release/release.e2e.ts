@@ -13,25 +13,26 @@
 //                   the image by digest from the registry: Ready, 200 through it
 // and nothing left behind.
 //
-// Not part of `npm test`. Run as root, after `npm ci` (CI runs it after the packaging and
-// kubelet steps, whose image stand-ins and node binaries it reuses):
+// A tap file, not part of `npm test` (that runs test/**/*.test.ts; the release's fast checks,
+// test/release/*.test.ts, are there). Run as root, after `npm ci` (CI runs it after the
+// packaging and kubelet steps, whose image stand-ins and node binaries it reuses):
 //   npm run test:release
-// Ends with "N passed, N failed"; without root or podman it says what is missing and exits 2.
+// Without root or podman it is one skipped test that says what is missing (CI counts a skip as
+// a failure).
 // env: COS_RELEASE_TIMEOUT_S (default 2400), COS_KUBE_VERSION (the node's, default v1.37.2).
 import { spawn } from 'node:child_process'
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
-import { fileURLToPath } from 'node:url'
-import { equal, ok, section, skipRunner, stopOnInterruption, summary } from '../kubernetes/report.js'
-import { seconds, sh } from '../kubelet/cluster.js'
+import { createInterface } from 'node:readline'
+import { equal, ok, section, suite } from '../harness/checks.js'
+import { ROOT, seconds, sh } from '../harness/processes.js'
 import { podFromRegistry, stopPodFromRegistry } from './kubelet.js'
 import { npmFromRegistry } from './npm-registry.js'
 import { platformContent } from './platforms.js'
 import { startRegistry, type Registry } from './registry.js'
 import { sbomAttested, signatures, type Released } from './signatures.js'
 
-const ROOT = fileURLToPath(new URL('../..', import.meta.url))
 const VERSION = (JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as { version: string }).version
 const PASSWORD = 'release-test-only'
 
@@ -45,36 +46,41 @@ const tool = (name: string): string => {
 async function streamed (cmd: string, args: readonly string[], env: NodeJS.ProcessEnv): Promise<{ code: number, stdout: string }> {
   const child = spawn(cmd, args, { cwd: ROOT, env, stdio: ['ignore', 'pipe', 'pipe'] })
   let stdout = ''
-  child.stdout.on('data', (b: Buffer) => { stdout += b.toString(); process.stdout.write(b.toString().replace(/^/gm, '    > ')) })
-  child.stderr.on('data', (b: Buffer) => { process.stdout.write(b.toString().replace(/^/gm, '    | ')) })
+  createInterface({ input: child.stdout }).on('line', line => { stdout += `${line}\n`; console.log(`    > ${line}`) })
+  createInterface({ input: child.stderr }).on('line', line => { console.log(`    | ${line}`) })
   const code = await new Promise<number>(resolve => child.on('close', c => { resolve(c ?? 1) }))
   return { code, stdout }
 }
 
-let stopAll: () => void = () => {}
+// The project's images in podman's store (the stand-in bases are a cache, kept on purpose).
+const images = (): string[] => sh('podman', ['images', '--format', '{{.Repository}}:{{.Tag}}', '--filter', 'reference=localhost/cos-auth-proxy'])
+  .stdout.trim().split('\n').filter(l => l !== '').sort()
+let work = ''
+let registry: Registry | undefined
+let stopped = false
+/** Everything down (once): the pod and node, the registry, the release's images, the work directory. */
+function stopAll (): void {
+  if (stopped) return
+  stopped = true
+  stopPodFromRegistry()
+  registry?.stop()
+  sh('podman', ['manifest', 'rm', `localhost/cos-auth-proxy:release-${VERSION}`])
+  for (const arch of ['amd64', 'arm64']) sh('podman', ['rmi', '--force', `localhost/cos-auth-proxy:release-${VERSION}-${arch}`])
+  if (work !== '') rmSync(work, { recursive: true, force: true })
+}
 
-async function main (): Promise<number> {
-  if (process.getuid?.() !== 0) skipRunner('release', 'not root', 'run as root (rootful podman, the node\'s network namespace)')
-  if (sh('podman', ['--version']).code !== 0) skipRunner('release', 'no podman', 'apt-get install podman (the images are built with it)')
-  const t0 = Date.now()
-  // The project's images in podman's store (the stand-in bases are a cache, kept on purpose).
-  const images = (): string[] => sh('podman', ['images', '--format', '{{.Repository}}:{{.Tag}}', '--filter', 'reference=localhost/cos-auth-proxy'])
-    .stdout.trim().split('\n').filter(l => l !== '').sort()
-  const imagesBefore = images()
-  const work = mkdtempSync(join(tmpdir(), 'cos-release-'))
-  let registry: Registry | undefined
-  let stopped = false
-  stopAll = () => {
-    if (stopped) return
-    stopped = true
-    stopPodFromRegistry()
-    registry?.stop()
-    sh('podman', ['manifest', 'rm', `localhost/cos-auth-proxy:release-${VERSION}`])
-    for (const arch of ['amd64', 'arm64']) sh('podman', ['rmi', '--force', `localhost/cos-auth-proxy:release-${VERSION}-${arch}`])
-    rmSync(work, { recursive: true, force: true })
-  }
-  stopOnInterruption('release', Number(process.env.COS_RELEASE_TIMEOUT_S ?? '2400'), stopAll)
-
+suite('release', {
+  prerequisites: [
+    () => process.getuid?.() !== 0 ? { why: 'not root', how: 'run as root (rootful podman, the node\'s network namespace)' } : undefined,
+    () => sh('podman', ['--version']).code !== 0 ? { why: 'no podman', how: 'apt-get install podman (the images are built with it)' } : undefined,
+  ],
+  timeoutS: Number(process.env.COS_RELEASE_TIMEOUT_S ?? '2400'),
+  stop: stopAll,
+  setUp: () => {
+    work = mkdtempSync(join(tmpdir(), 'cos-release-'))
+    return Promise.resolve({ imagesBefore: images(), t0: Date.now() })
+  },
+}, async ({ imagesBefore, t0 }) => {
   let crane = ''
   let cosign = ''
   await section('tools', async () => {
@@ -97,7 +103,7 @@ async function main (): Promise<number> {
       ok(g.code === 0, `cosign generate-key-pair in ${dir.replace(work, '<tmp>')}`, g.stderr)
     }
   })
-  if (registry === undefined) { stopAll(); return end(t0) }
+  if (registry === undefined) return
   const reg = registry.host
 
   const out = join(work, 'out')
@@ -118,7 +124,7 @@ async function main (): Promise<number> {
   })
   const image = lines.image?.[0]
   const chart = lines.chart?.[0]
-  if (image === undefined || chart === undefined) { stopAll(); return end(t0) }
+  if (image === undefined || chart === undefined) return
 
   let nodeVersions: Record<string, string> = {}
   await section('each platform\'s content', async () => {
@@ -159,20 +165,5 @@ async function main (): Promise<number> {
     ok(pid > 0 && left === '', `the registry's process (${pid}) is gone`, left)
     equal(images(), imagesBefore, `podman's store holds the project's images it held before (${imagesBefore.join(', ') || 'none'}): the per-platform images and the list removed`)
   })
-  return end(t0)
-}
-
-function end (t0: number): number {
-  const s = summary()
-  if (s.failures.length > 0) console.log(`failed:\n${s.failures.map(f => `  ${f}`).join('\n')}`)
-  console.log(`# release: ${seconds(t0)} in all`)
-  console.log(`${s.passed} passed, ${s.failed} failed`)
-  return s.failed === 0 ? 0 : 1
-}
-
-main().then(code => { process.exitCode = code }, (err: unknown) => {
-  console.log(err instanceof Error ? err.stack : String(err))
-  stopAll()
-  console.log(`${summary().passed} passed, ${summary().failed + 1} failed`)
-  process.exitCode = 1
+  console.log(`release: ${seconds(t0)} in all`)
 })

@@ -7,8 +7,8 @@ import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'no
 import { tmpdir } from 'node:os'
 import { isDeepStrictEqual } from 'node:util'
 import { join } from 'node:path'
-import { equal, ok } from '../kubernetes/report.js'
-import { sh } from '../kubelet/cluster.js'
+import { equal, ok } from '../harness/checks.js'
+import { sh } from '../harness/processes.js'
 
 export interface Released {
   cosign: string
