@@ -161,7 +161,7 @@ const commands: Record<string, (args: string[]) => Promise<void>> = {
     const { loadInjectConfig } = await import('./inject/config.js')
     if (values.print !== true) {
       const config = loadInjectConfig(process.env, { programVersion: await version(), logColour: colour() })
-      return await (await import('./inject/run.js')).runInject(config, await version())
+      return await (await import('./inject/server.js')).runInject(config, await version())
     }
     const { preview } = await import('./inject/preview.js')
     const { settings } = loadInjectConfig(process.env, { programVersion: await version(), serving: false })

@@ -1,11 +1,12 @@
-// Lifecycle: start (credentials, upstreams, metrics, the proxy and admin
-// listeners), readiness, the drain on SIGTERM / SIGINT / POST /quitquitquit,
-// and exit. What the proxy server is made of: proxy-server.ts.
+// `serve`: start (credentials, upstreams, metrics, the proxy and admin
+// listeners), what readiness waits for, the drain on SIGTERM / SIGINT / POST
+// /quitquitquit, and exit, through the lifecycle `inject` shares
+// (admin/lifecycle.ts). What the proxy server is made of: proxy-server.ts.
 import type { AddressInfo } from 'node:net'
 import type { FastifyInstance } from 'fastify'
 import type { Logger } from 'pino'
-import { buildAdminServer, type Readiness } from './admin/admin.js'
-import { listenWithAdmin, type BoundListeners } from './admin/listeners.js'
+import { exitAfterFlush, startListeners } from './admin/lifecycle.js'
+import type { BoundListeners } from './admin/listeners.js'
 import { acceptBurstsFirst } from './client/accept-bursts.js'
 import { isLoopbackAddress } from './client/browser-checks.js'
 import type { Config } from './config/config.js'
@@ -16,16 +17,6 @@ import { ProxyMetrics } from './observability/metrics.js'
 import { buildProxyServer, metricsObserver, upstreamsFor } from './proxy/proxy-server.js'
 import { RequestLog } from './observability/request-log.js'
 import type { Upstreams } from './upstream/upstream.js'
-
-/**
- * pino writes stdout asynchronously; exiting straight after flush() lets the
- * exit hook write the buffer ahead of a write still in flight, reordering or
- * losing the last lines. Wait for the flush, but not forever.
- */
-function exitAfterFlush (logger: Logger, code: number): void {
-  setTimeout(() => process.exit(code), 1000).unref()
-  logger.flush(() => process.exit(code))
-}
 
 /** How long the drain may still take once the shutdown timeout has cut everything (it needs milliseconds). */
 const EXIT_GRACE_MS = 500
@@ -92,63 +83,38 @@ export async function serve (opts: ServeOptions): Promise<void> {
     ...(usesFiles(config) ? { rereadCredentials: () => watcher.reload() } : {}),
   })
 
-  let listening = false
-  let draining = false
-  const readiness = (): Readiness => {
-    if (draining) return { ready: false, reason: 'draining' }
-    if (!listening) return { ready: false, reason: 'proxy listener not started' }
-    if (store.current === undefined) return { ready: false, reason: 'credentials not loaded' }
-    return { ready: true }
-  }
-
-  const drainProxy = (cause: string): Promise<void> => {
-    draining = true
-    return drain(app, config, logger, {
-      cause,
-      onTimeout: () => { cutWhatIsLeft(app, admin, upstreams, logger) },
-      afterClose: async () => {
-        // Responses emit 'close' (which writes their log line) a few ticks after
-        // their socket is gone; let them, so the last lines are not lost at exit.
-        const settled = Date.now() + 200
-        while (requestLog.open > 0 && Date.now() < settled) await new Promise(resolve => setImmediate(resolve))
-        watcher.close()
-        await admin.close()
-        await opts.onClose?.()
-      },
-    })
-  }
-  const stop = stopOnce(logger, drainProxy)
-  const admin = buildAdminServer({ metrics, readiness, onQuit: () => { stop('quitquitquit') }, logger, limits: { maxConnections: config.admin.maxConnections }, quitquitquit: config.admin.quitquitquit })
+  const drainProxy = (cause: string, admin: FastifyInstance): Promise<void> => drain(app, config, logger, {
+    cause,
+    onTimeout: () => { cutWhatIsLeft(app, admin, upstreams, logger) },
+    afterClose: async () => {
+      // Responses emit 'close' (which writes their log line) a few ticks after
+      // their socket is gone; let them, so the last lines are not lost at exit.
+      const settled = Date.now() + 200
+      while (requestLog.open > 0 && Date.now() < settled) await new Promise(resolve => setImmediate(resolve))
+      watcher.close()
+      await admin.close()
+      await opts.onClose?.()
+    },
+  })
   // A burst of new connections (an app restarting its pool) is accepted before the
   // established ones are read again, and waits in the kernel's queue rather than
   // having its SYNs dropped and retried 1, 3, 7 s later: room for every connection
   // the cap admits (docs/performance.md, "A burst of new connections").
   acceptBurstsFirst(app.server)
-  const listen = { ...config.listen, backlog: Math.max(511, config.client.maxConnections) }
-  const { address, fields } = await listenWithAdmin(app, listen, admin, config.admin, { listen: 'COS_LISTEN_PORT', admin: 'COS_ADMIN_PORT' })
-  listening = true
-
-  process.on('SIGTERM', () => { stop('SIGTERM') })
-  process.on('SIGINT', () => { stop('SIGINT') })
-  logStart(config, logger, fields, store, upstreams)
-  opts.onListening?.(address)
-}
-
-/** Drains on the first call, then exits; a second signal (not a second quitquitquit) exits at once. */
-function stopOnce (logger: Logger, drainAll: (cause: string) => Promise<void>): (cause: string) => void {
-  let stopping: Promise<void> | undefined
-  return cause => {
-    if (stopping !== undefined) {
-      if (cause !== 'quitquitquit') {
-        logger.warn({ signal: cause }, 'second signal: exiting without finishing the drain')
-        exitAfterFlush(logger, 1)
-      }
-      return
-    }
-    stopping = drainAll(cause).then(
-      () => { exitAfterFlush(logger, 0) },
-      (err: unknown) => { logger.error({ err }, 'shutdown failed'); exitAfterFlush(logger, 1) })
-  }
+  const { bound, exitOnSignals } = await startListeners({
+    app,
+    listener: 'proxy listener',
+    notReady: () => store.current === undefined ? 'credentials not loaded' : undefined,
+    drain: drainProxy,
+    admin: { metrics, logger, limits: { maxConnections: config.admin.maxConnections }, quitquitquit: config.admin.quitquitquit },
+    listen: { ...config.listen, backlog: Math.max(511, config.client.maxConnections) },
+    adminListen: config.admin,
+    variables: { listen: 'COS_LISTEN_PORT', admin: 'COS_ADMIN_PORT' },
+    logger,
+  })
+  exitOnSignals()
+  logStart(config, logger, bound.fields, store, upstreams)
+  opts.onListening?.(bound.address)
 }
 
 /**

@@ -1,11 +1,12 @@
 // The admin listener: probes, metrics and the drain trigger. A Fastify
 // instance of its own, so it never shares the proxy's port, hooks or logs.
-import Fastify, { LogController, type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify'
+import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify'
 import { fromWebPage } from '../client/browser-checks.js'
 import { condemn, droppedBehindRefusal, TOO_MANY_PIPELINED } from '../client/connection-refusals.js'
-import { closeWithConnection, pipelinedBeyondBound, reapIdleConnections } from '../client/connections.js'
+import { pipelinedBeyondBound } from '../client/connections.js'
+import { answerErrors, ListenerLog, listenerServer, type ListenerPolicy } from '../client/listener.js'
 import type { Refusal } from '../client/request-guard.js'
-import { sendError } from '../proxy/errors.js'
+import { sendError } from '../client/response.js'
 import type { ProxyMetrics } from '../observability/metrics.js'
 
 export type Readiness = { readonly ready: true } | { readonly ready: false, readonly reason: string }
@@ -72,47 +73,32 @@ const ALLOW: ReadonlyMap<string, string> = new Map([
   ['/quitquitquit', 'POST'],
 ])
 
-/** The kubelet probes every few seconds: one debug line per request, nothing at info. */
-class AdminLog extends LogController {
-  override incomingRequest (_request: FastifyRequest, reply: FastifyReply): void {
-    // The completion line is enough; a response queued behind another (pipelining) is closed with its connection.
-    if (reply.raw.socket === null) closeWithConnection(reply.raw)
-  }
-
-  override requestCompleted (error: Error | null | undefined, request: FastifyRequest, reply: FastifyReply): void {
-    const line = {
-      method: request.method,
-      // The route pattern, never the raw path: a 404 path is client text.
-      route: request.routeOptions.url ?? 'none',
-      status: reply.statusCode,
-      durationMs: Math.round(reply.elapsedTime * 100) / 100,
-    }
-    if (error) request.log.warn({ ...line, err: error }, 'admin request')
-    else request.log.debug(line, 'admin request')
+/**
+ * The admin listener's policy (listener.ts): its own short timeouts, idle
+ * connections reaped after idleTimeoutMs, at the cap the idlest displaced
+ * (a body still arriving too: no admin route waits for one), pipelining
+ * refused beyond the bounds with 503.
+ */
+export function adminListener (limits: AdminLimits): ListenerPolicy {
+  return {
+    headersTimeoutMs: limits.headersTimeoutMs,
+    requestTimeoutMs: limits.requestTimeoutMs,
+    keepAliveTimeoutMs: limits.idleTimeoutMs,
+    connections: { idleMs: limits.idleTimeoutMs, maxConnections: limits.maxConnections },
   }
 }
 
 /** Routes registered, not listening: the caller listens (and closes it last, so /healthz answers through the drain). */
 export function buildAdminServer (opts: AdminOptions): FastifyInstance {
   opts.metrics.observeReadiness?.(() => opts.readiness().ready)
-  const limits = { ...ADMIN_LIMITS, ...opts.limits }
   const app = Fastify({
     // No loggerInstance: Fastify's logger stays off.
     loggerInstance: opts.logger === false ? undefined : opts.logger,
-    logController: new AdminLog(),
+    // The kubelet probes every few seconds: one debug line per request, nothing at info.
+    logController: new ListenerLog('admin request'),
     bodyLimit: QUIT_BODY_BYTES,
-    keepAliveTimeout: limits.idleTimeoutMs,
-    requestTimeout: limits.requestTimeoutMs,
-    http: {
-      headersTimeout: limits.headersTimeoutMs,
-      requestTimeout: limits.requestTimeoutMs,
-      keepAliveTimeout: limits.idleTimeoutMs,
-      // How often those timeouts are enforced (Node's default is 30 s).
-      connectionsCheckingInterval: Math.min(1000, limits.headersTimeoutMs),
-    },
+    serverFactory: listenerServer(adminListener({ ...ADMIN_LIMITS, ...opts.limits })),
   })
-  reapIdleConnections(app.server, limits.idleTimeoutMs, limits.maxConnections)
-
   answerRefusalsAndErrors(app)
   registerAdminRoutes(app, opts)
   return app
@@ -155,15 +141,7 @@ function answerRefusalsAndErrors (app: FastifyInstance): void {
     sendError(reply, 405, 'method_not_allowed', `${path} answers ${allow} only`)
   })
 
-  app.setErrorHandler((error: FastifyError, request, reply) => {
-    const status = error.statusCode ?? 500
-    if (status >= 400 && status < 500) {
-      sendError(reply, status, status === 413 ? 'payload_too_large' : 'bad_request', error.message)
-      return
-    }
-    request.log.error({ err: error }, 'admin request failed')
-    sendError(reply, 500, 'internal_error', 'the admin endpoint failed')
-  })
+  answerErrors(app, { codes: { 413: 'payload_too_large' }, failed: { message: 'the admin endpoint failed', line: 'admin request failed' } })
 }
 
 /** The largest body POST /quitquitquit takes (`curl -d ''` sends none; a form tool may send a few bytes). */

@@ -1,8 +1,10 @@
 // Connection-level refusals: what Node's parser rejects (bad framing,
 // unknown methods, oversized headers, slow senders) and CONNECT, answered on
 // the raw socket in the proxy's JSON error shape, and the condemnation of a
-// connection after a refusal, so nothing pipelined behind it is forwarded.
-import type { IncomingMessage } from 'node:http'
+// connection after a refusal, so nothing pipelined behind it is forwarded;
+// peers refused whatever they send, answered and closed at accept.
+import type { IncomingMessage, Server } from 'node:http'
+import type { Socket } from 'node:net'
 import type { Duplex } from 'node:stream'
 import type { FastifyReply } from 'fastify'
 import { MAX_OUTSTANDING_PER_CONNECTION, MAX_PIPELINED_PER_LISTENER, type WithPendingResponse } from './connections.js'
@@ -10,8 +12,8 @@ import { ALLOW, notForwarded, type Refusal } from './request-guard.js'
 
 /**
  * A request beyond MAX_OUTSTANDING_PER_CONNECTION on its connection, or
- * MAX_PIPELINED_PER_LISTENER on its listener (connections.ts), on any
- * listener: not processed, and the connection closed after it (condemn), so
+ * MAX_PIPELINED_PER_LISTENER on its listener (connections.ts), on a
+ * listener whose policy refuses it (`beyondBound: 'refuse'`): not processed, and the connection closed after it (condemn), so
  * what was pipelined behind it is dropped.
  */
 export const TOO_MANY_PIPELINED: Refusal = [503, 'too_many_pipelined', `too many requests pipelined (at most ${MAX_OUTSTANDING_PER_CONNECTION} outstanding on one connection, ${MAX_PIPELINED_PER_LISTENER} waiting on all of them): this one and those pipelined behind it were not processed; send them again on a new connection`]
@@ -152,4 +154,60 @@ export function refuseConnect (_req: IncomingMessage, socket: Duplex): void {
   // relay that tells a response still being written that the socket drained.
   socket.on('drain', () => { (socket as WithPendingResponse<Duplex>)._httpMessage?.emit('drain') })
   if (condemn(socket)) afterOwedResponses(socket, () => { writeRawError(socket, 400, 'bad_request', 'CONNECT is not supported: this is not a forward proxy') })
+}
+
+/** How long a refused connection is kept, at most, for its peer to read the answer; how many at once (beyond, the oldest is closed). */
+export interface Linger { readonly ms: number, readonly max: number }
+export const REFUSED_LINGER: Linger = { ms: 1000, max: 64 }
+
+/**
+ * Connections from peers refused whatever they send (COS_ALLOW_FROM on the
+ * proxy port) are answered and closed as they are accepted: `answer` (a
+ * whole HTTP response saying `connection: close`) is written and the
+ * connection ended. The server never sees them: no 'connection' event, so
+ * no HTTP parser, no slot of the connection cap, nothing another listener
+ * of 'connection' counts. (The first listener of 'connection' is Node's own
+ * HTTP handling, which attaches the parser: `emit` is the one place before
+ * it.)
+ *
+ * What the peer sends meanwhile is read and dropped, unparsed: closing a
+ * socket with unread bytes makes the kernel reset the connection, and the
+ * peer could lose the answer before reading it. The connection closes when
+ * the peer closes its side, after `linger.ms` otherwise, and sooner when
+ * `linger.max` newer ones are waiting: however fast refused peers connect,
+ * they hold a bounded number of descriptors, each for a second at most.
+ * `onRefused` is called for each (to count it).
+ */
+export function refuseAtAccept (server: Server, refused: (socket: Socket) => boolean, answer: string, onRefused: (socket: Socket) => void, linger = REFUSED_LINGER): void {
+  // Oldest first: a Set keeps insertion order.
+  const lingering = new Set<Socket>()
+  const emit = server.emit.bind(server) as (event: string | symbol, ...args: unknown[]) => boolean
+  const intercepted = (event: string | symbol, ...args: unknown[]): boolean => {
+    if (event !== 'connection') return emit(event, ...args)
+    const socket = args[0] as Socket
+    if (!refused(socket)) return emit(event, ...args)
+    answerAndClose(socket, answer, lingering, linger)
+    onRefused(socket)
+    return true
+  }
+  server.emit = intercepted as Server['emit']
+}
+
+function answerAndClose (socket: Socket, answer: string, lingering: Set<Socket>, linger: Linger): void {
+  socket.on('error', () => { /* a peer gone (reset, EPIPE) needs nothing more */ })
+  const timer = setTimeout(() => { socket.destroy() }, linger.ms)
+  lingering.add(socket)
+  socket.once('close', () => {
+    clearTimeout(timer)
+    lingering.delete(socket)
+  })
+  socket.end(answer, 'latin1')
+  socket.resume()
+  for (const oldest of lingering) {
+    if (lingering.size <= linger.max) break
+    // Its answer went to the kernel when it was accepted (a fresh socket's first write completes
+    // at once); destroySoon would wait for it otherwise.
+    lingering.delete(oldest)
+    oldest.destroySoon()
+  }
 }

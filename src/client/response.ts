@@ -1,6 +1,8 @@
-// A response that cannot be written fails its own request, never the process.
+// A response that cannot be written fails its own request, never the process;
+// the JSON error shape every listener answers in.
 import type { IncomingMessage, OutgoingHttpHeader, OutgoingHttpHeaders, ServerResponse as NodeServerResponse } from 'node:http'
 import { createRequire } from 'node:module'
+import type { FastifyReply, RawServerBase, RouteGenericInterface } from 'fastify'
 
 // Required, not imported: an ES import of node:http reads every one of its
 // exports, and three of them (WebSocket, CloseEvent, MessageEvent) load
@@ -62,4 +64,20 @@ export class GuardedResponse<Request extends IncomingMessage = IncomingMessage> 
       return this
     }
   }
+}
+
+// Any server flavour (the proxy's, the admin listener's, the webhook's HTTPS one).
+type AnyReply = FastifyReply<RouteGenericInterface, RawServerBase>
+
+export interface ErrorBody {
+  readonly error: { readonly code: string, readonly message: string }
+}
+
+/** Every error the proxy itself produces has this shape and carries x-request-id. */
+export function sendError (reply: AnyReply, status: number, code: string, message: string): AnyReply {
+  return reply
+    .code(status)
+    .header('content-type', 'application/json; charset=utf-8')
+    .header('x-request-id', reply.request.id)
+    .send(JSON.stringify({ error: { code, message } } satisfies ErrorBody))
 }

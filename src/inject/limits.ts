@@ -3,18 +3,17 @@
 // connections and sends each AdmissionReview in well under a second. Without
 // these, 60 connections each holding all but the last bytes of a 3 MiB body
 // took the webhook past its pod's limit (then 192Mi).
-import type { IncomingMessage, ServerResponse } from 'node:http'
-import { createServer, type Server as HttpsServer, type ServerOptions } from 'node:https'
-import type { Socket } from 'node:net'
-import { performance } from 'node:perf_hooks'
+import type { Server as HttpsServer } from 'node:https'
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
+import { MAX_OUTSTANDING_PER_CONNECTION } from '../client/connections.js'
 import { ByteBudget, limitAnswersInFlight, limitBodiesInFlight } from '../client/bytes-in-flight.js'
-import { sendError } from '../proxy/errors.js'
+import type { ListenerPolicy } from '../client/listener.js'
+import { sendError } from '../client/response.js'
 import { ANNOTATIONS, DEFAULT_ENV_NAME } from './annotations.js'
 import type { InjectMetrics } from './metrics.js'
 
 export interface WebhookLimits {
-  /** Connections open at once; at the cap a newcomer displaces the stalest (capConnections). */
+  /** Connections open at once; at the cap a newcomer displaces the stalest (webhookListener). */
   readonly maxConnections: number
   /** Requests received and not yet answered on one connection (pipelined): past it, the connection is closed. */
   readonly maxPipelined: number
@@ -32,7 +31,7 @@ export interface WebhookLimits {
 
 /**
  * 128 connections: dozens of API servers' worth. 4 pipelined, as on the
- * other listeners (src/client/connections.ts): the API server (Go's HTTP
+ * other listeners (MAX_OUTSTANDING_PER_CONNECTION): the API server (Go's HTTP
  * client) never pipelines, and each request waiting behind an unread answer
  * holds its objects in the heap. 16 MiB: five reviews of the
  * largest size at once (3 MiB, the API server's own limit), hundreds of
@@ -49,7 +48,7 @@ export interface WebhookLimits {
  */
 export const WEBHOOK_LIMITS: WebhookLimits = {
   maxConnections: 128,
-  maxPipelined: 4,
+  maxPipelined: MAX_OUTSTANDING_PER_CONNECTION,
   bodyBytesInFlight: 16 * 1024 * 1024,
   patchBytes: 128 * 1024,
   answerBytesInFlight: 4 * 1024 * 1024,
@@ -58,134 +57,116 @@ export const WEBHOOK_LIMITS: WebhookLimits = {
 }
 
 /**
- * The webhook's HTTPS server, made here (Fastify's serverFactory) so that
- * Node's own limits are set where Node reads them: Fastify passes its `http`
- * options only to an HTTP server, and Node checks the timeouts every
- * connectionsCheckingInterval (30 s by default, which let a body take a
- * minute). Connections are capped and pipelining bounded (see below), and a
- * request past the bound never reaches Fastify (`handler`).
+ * The webhook listener's policy (src/client/listener.ts): Node's timeouts
+ * (the TLS handshake's too), no reaping of its own (the API server keeps its
+ * connections: Fastify's 72 s keep-alive), the cap with the stalest
+ * displaced (idle, in its handshake, or with a request still arriving; a
+ * client that does not read its answers is idle once they are handed to the
+ * socket), and a request with `maxPipelined` unanswered ahead of it dropped
+ * with its connection before Fastify builds anything for it (Node parses a
+ * whole TLS record, hundreds of short requests, before it looks at the
+ * connection).
  */
-export function webhookServer (tls: ServerOptions, limits: WebhookLimits, handler: (req: IncomingMessage, res: ServerResponse) => void): HttpsServer {
-  const open = new Map<Socket, Connection>()
-  const server = createServer({
-    ...tls,
-    headersTimeout: limits.headersTimeoutMs,
-    requestTimeout: limits.requestTimeoutMs,
-    connectionsCheckingInterval: Math.min(1000, limits.headersTimeoutMs),
-    // Node's default is 120 s: a client that connects and never finishes the handshake would hold a slot that long.
-    handshakeTimeout: limits.headersTimeoutMs,
-  }, (req, res) => { if (admitted(open, limits, req, res)) handler(req, res) })
-  server.keepAliveTimeout = 72_000 // Fastify's default, as before: the API server keeps its connections
-  capConnections(server, open, limits.maxConnections)
-  return server
+export function webhookListener (limits: WebhookLimits): ListenerPolicy {
+  return {
+    headersTimeoutMs: limits.headersTimeoutMs,
+    requestTimeoutMs: limits.requestTimeoutMs,
+    keepAliveTimeoutMs: 72_000,
+    connections: { maxConnections: limits.maxConnections, busyUntil: 'ended', pipelinedPerConnection: limits.maxPipelined, pipelinedPerListener: Infinity, beyondBound: 'close' },
+  }
 }
 
-// --- Connections
-
-interface Connection { lastAnswer: number, answering: number, outstanding: number, tls?: Socket }
-
-/** The TCP socket under a request's TLS socket (Node keeps it as `_parent`). */
-type OnTls = IncomingMessage['socket'] & { _parent?: Socket | null }
+// --- One review's body
 
 /**
- * At most `max` connections, counted from the TCP accept (a TLS handshake
- * holds one too). At the cap, a newcomer displaces the connection that has
- * gone longest without an answer (idle, still in its handshake, or with a
- * request still arriving), never one whose request has arrived whole and is
- * being answered; when every one is, the newcomer is closed. So connections
- * opened and left, or trickling, cannot lock the API server out: its
- * request arrives at once on a connection younger than theirs.
+ * What no AdmissionReview of a Pod comes near, checked before JSON.parse
+ * (docs/kubernetes.md, The webhook). The API server refuses requests over
+ * 3 MiB and etcd objects over 1.5 MiB. A Pod nests about 20 deep at most
+ * (managedFields included). What JSON.parse costs is what it builds: nested
+ * arrays make one object per 2 bytes (1.5 million in 3 MB: seconds of the
+ * event loop), and 3 MiB of small objects with distinct keys held 42 MB of
+ * the 64 MiB heap, enough to abort the process beside other work (issue 33).
+ * The densest real Pod, all env variables with their managedFields entries,
+ * spends ~20 bytes on each object or array and ~9 on each value or key
+ * (counted by their `,` and `:`): 100,000 and 300,000 admit one of ~2 MiB,
+ * more than etcd stores, and hold the worst body to ~24 MB of heap.
  */
-function capConnections (server: HttpsServer, open: Map<Socket, Connection>, max: number): void {
-  server.on('connection', (socket: Socket) => {
-    if (open.size >= max && !displaceStalest(open)) {
-      socket.destroy()
-      return
-    }
-    open.set(socket, { lastAnswer: performance.now(), answering: 0, outstanding: 0 })
-    socket.once('close', () => open.delete(socket))
-  })
-  // Its TLS socket too, for close().
-  server.on('secureConnection', (tls: OnTls) => {
-    const connection = tls._parent == null ? undefined : open.get(tls._parent)
-    if (connection !== undefined) connection.tls = tls
-  })
-}
+export const REVIEW_LIMITS = { bodyBytes: 3 * 1024 * 1024, depth: 64, containers: 100_000, items: 300_000 } as const
+
+const QUOTE = 0x22
+const BACKSLASH = 0x5c
 
 /**
- * False, and the connection closed, for a request with `maxPipelined`
- * requests unanswered ahead of it, or on a connection closed already. Node
- * parses a whole read (a TLS record: hundreds of short requests) before it
- * looks at the connection, so the ones it still hands over are dropped here,
- * before Fastify builds anything for them.
+ * One linear pass over the bytes, strings skipped (UTF-8 continuation bytes
+ * are never a quote, backslash, bracket, comma or colon): the first limit the
+ * nesting, the number of objects and arrays, or of values and keys exceeds,
+ * or undefined. Unbalanced or malformed text is JSON.parse's to refuse.
  */
-function admitted (open: Map<Socket, Connection>, limits: Pick<WebhookLimits, 'maxPipelined'>, req: IncomingMessage, res: ServerResponse): boolean {
-  if (req.socket.destroyed) return false
-  const socket = (req.socket as OnTls)._parent
-  const connection = socket == null ? undefined : open.get(socket)
-  if (socket == null || connection === undefined) return true
-  if (connection.outstanding >= limits.maxPipelined) {
-    close(socket, connection)
-    return false
-  }
-  trackAnswer(connection, req, res)
-  return true
-}
-
-/**
- * Answering: from the end of the body until the answer is handed to the
- * socket ('prefinish'), which is the connection's last answer; a client that
- * does not read its answers is then the stalest, not busy. Outstanding: until
- * the answer is written ('finish') or cut ('close'); a response queued behind
- * another may see only one of them.
- */
-function trackAnswer (connection: Connection, req: IncomingMessage, res: ServerResponse): void {
-  let answering = false
-  let answered = false
-  let ended = false
-  connection.outstanding++
-  req.once('end', () => {
-    if (answered) return
-    answering = true
-    connection.answering++
-  })
-  const answer = (): void => {
-    if (answered) return
-    answered = true
-    if (answering) connection.answering--
-    connection.lastAnswer = performance.now()
-  }
-  const end = (): void => {
-    if (ended) return
-    ended = true
-    connection.outstanding--
-    answer()
-  }
-  res.once('prefinish', answer)
-  res.once('finish', end)
-  res.once('close', end)
-}
-
-/** Closes the connection not being answered whose last answer (or accept) is oldest; false when all are being answered. */
-function displaceStalest (open: Map<Socket, Connection>): boolean {
-  let stalest: Socket | undefined
-  let since = Infinity
-  for (const [socket, c] of open) {
-    if (c.answering === 0 && c.lastAnswer < since) {
-      stalest = socket
-      since = c.lastAnswer
+export function jsonShapeProblem (body: Buffer, limits: { readonly depth: number, readonly containers: number, readonly items: number } = REVIEW_LIMITS): string | undefined {
+  let depth = 0
+  let containers = 0
+  let items = 0
+  const n = body.length
+  for (let i = 0; i < n; i++) {
+    const c = body[i]
+    if (c === QUOTE) {
+      // To the closing quote: byte by byte for the first 32 (names, most values), then by
+      // indexOf for a quote preceded by an even number of backslashes.
+      let j = i + 1
+      const stop = Math.min(n, j + 32)
+      for (; j < stop; j++) {
+        const d = body[j]
+        if (d === BACKSLASH) j++
+        else if (d === QUOTE) break
+      }
+      if (j < stop) {
+        i = j
+        continue
+      }
+      i = j - 1
+      for (;;) {
+        i = body.indexOf(QUOTE, i + 1)
+        if (i < 0) return undefined
+        let k = i - 1
+        while (body[k] === BACKSLASH) k--
+        if ((i - k) % 2 === 1) break
+      }
+    } else if (c === 0x5b || c === 0x7b) {
+      if (++depth > limits.depth) return `the body nests arrays and objects deeper than ${limits.depth} levels; no AdmissionReview does (refused before parsing)`
+      if (++containers > limits.containers) return `the body holds more than ${limits.containers} objects and arrays; no AdmissionReview of a Pod does (refused before parsing)`
+    } else if (c === 0x5d || c === 0x7d) {
+      depth--
+    } else if (c === 0x2c || c === 0x3a) {
+      if (++items > limits.items) return `the body holds more than ${limits.items} values and keys; no AdmissionReview of a Pod does (refused before parsing)`
     }
   }
-  if (stalest === undefined) return false
-  close(stalest, open.get(stalest))
-  open.delete(stalest)
-  return true
+  return undefined
 }
 
-/** Both sockets: closing the TCP one alone does not stop a TLS socket with data still to go through. */
-function close (socket: Socket, connection: Connection | undefined): void {
-  connection?.tls?.destroy()
-  socket.destroy()
+/** Most reviews are a few KiB; a Pod with large annotations or many env variables can reach 1 MiB. */
+export const LARGE_BODY = 256 * 1024
+
+/** Jobs run one per turn of the event loop (setImmediate), in order. */
+export class TurnQueue {
+  readonly #jobs: (() => void)[] = []
+  #scheduled = false
+
+  push (job: () => void): void {
+    this.#jobs.push(job)
+    if (!this.#scheduled) this.#next()
+  }
+
+  #next (): void {
+    this.#scheduled = true
+    setImmediate(() => {
+      try {
+        this.#jobs.shift()?.()
+      } finally {
+        if (this.#jobs.length > 0) this.#next()
+        else this.#scheduled = false
+      }
+    })
+  }
 }
 
 // --- Bytes in flight

@@ -1,18 +1,27 @@
-// The webhook's HTTPS listener: POST /mutate, and the serving certificate
-// re-read from disk when it changes (cert-manager renews it in place; a
-// Kubernetes Secret volume swaps the files through a symlink).
-import { createHash } from 'node:crypto'
-import { readFile } from 'node:fs/promises'
+// `cos-auth-proxy inject`: the webhook's HTTPS listener (POST /mutate, its
+// errors, the serving certificate re-read from disk when it changes:
+// cert-manager renews it in place; a Kubernetes Secret volume swaps the
+// files through a symlink), and the command that runs it with its admin
+// listener (startWebhook, runInject). What the webhook lets clients hold:
+// limits.ts.
+import type { AddressInfo } from 'node:net'
 import type { Server as HttpsServer } from 'node:https'
-import { createSecureContext } from 'node:tls'
-import Fastify, { LogController, type FastifyBaseLogger, type FastifyError, type FastifyInstance } from 'fastify'
+import Fastify, { type FastifyBaseLogger, type FastifyInstance } from 'fastify'
+import type { Logger } from 'pino'
+import { drain } from '../admin/drain.js'
+import { startListeners } from '../admin/lifecycle.js'
 import { BudgetExceeded, ByteBudget } from '../client/bytes-in-flight.js'
-import { sendError } from '../proxy/errors.js'
-import { envPatchEstimate, limitInFlight, WEBHOOK_LIMITS, webhookServer, withoutContainers, type Budgets, type WebhookLimits } from './limits.js'
-import type { InjectMetrics } from './metrics.js'
+import { answerErrors, ListenerLog, listenerServer } from '../client/listener.js'
+import { sendError } from '../client/response.js'
+import { envPatchEstimate, jsonShapeProblem, LARGE_BODY, limitInFlight, REVIEW_LIMITS, TurnQueue, WEBHOOK_LIMITS, webhookListener, withoutContainers, type Budgets, type WebhookLimits } from './limits.js'
+import { createLogger, inLogFormat, stdoutDestination } from '../observability/logger.js'
+import type { InjectConfig } from './config.js'
+import { InjectMetrics } from './metrics.js'
+import { ServingCertificate, type CertificateFiles } from './serving-certificate.js'
+import { SidecarSource } from './sidecar-source.js'
 import { answerReview, MalformedReview, type InjectSettings, type ReviewAnswer } from './patch.js'
 
-export interface CertificateFiles { readonly certFile: string, readonly keyFile: string }
+export type { CertificateFiles }
 
 export interface WebhookOptions {
   /** Asked per review: the definition can be replaced while serving (SidecarSource, sidecar-source.ts). */
@@ -28,127 +37,25 @@ export interface WebhookOptions {
   readonly budgets?: Partial<Budgets>
 }
 
-/**
- * What no AdmissionReview of a Pod comes near, checked before JSON.parse
- * (docs/kubernetes.md, The webhook). The API server refuses requests over
- * 3 MiB and etcd objects over 1.5 MiB. A Pod nests about 20 deep at most
- * (managedFields included). What JSON.parse costs is what it builds: nested
- * arrays make one object per 2 bytes (1.5 million in 3 MB: seconds of the
- * event loop), and 3 MiB of small objects with distinct keys held 42 MB of
- * the 64 MiB heap, enough to abort the process beside other work (issue 33).
- * The densest real Pod, all env variables with their managedFields entries,
- * spends ~20 bytes on each object or array and ~9 on each value or key
- * (counted by their `,` and `:`): 100,000 and 300,000 admit one of ~2 MiB,
- * more than etcd stores, and hold the worst body to ~24 MB of heap.
- */
-export const REVIEW_LIMITS = { bodyBytes: 3 * 1024 * 1024, depth: 64, containers: 100_000, items: 300_000 } as const
-
-const QUOTE = 0x22
-const BACKSLASH = 0x5c
-
-/**
- * One linear pass over the bytes, strings skipped (UTF-8 continuation bytes
- * are never a quote, backslash, bracket, comma or colon): the first limit the
- * nesting, the number of objects and arrays, or of values and keys exceeds,
- * or undefined. Unbalanced or malformed text is JSON.parse's to refuse.
- */
-export function jsonShapeProblem (body: Buffer, limits: { readonly depth: number, readonly containers: number, readonly items: number } = REVIEW_LIMITS): string | undefined {
-  let depth = 0
-  let containers = 0
-  let items = 0
-  const n = body.length
-  for (let i = 0; i < n; i++) {
-    const c = body[i]
-    if (c === QUOTE) {
-      // To the closing quote: byte by byte for the first 32 (names, most values), then by
-      // indexOf for a quote preceded by an even number of backslashes.
-      let j = i + 1
-      const stop = Math.min(n, j + 32)
-      for (; j < stop; j++) {
-        const d = body[j]
-        if (d === BACKSLASH) j++
-        else if (d === QUOTE) break
-      }
-      if (j < stop) {
-        i = j
-        continue
-      }
-      i = j - 1
-      for (;;) {
-        i = body.indexOf(QUOTE, i + 1)
-        if (i < 0) return undefined
-        let k = i - 1
-        while (body[k] === BACKSLASH) k--
-        if ((i - k) % 2 === 1) break
-      }
-    } else if (c === 0x5b || c === 0x7b) {
-      if (++depth > limits.depth) return `the body nests arrays and objects deeper than ${limits.depth} levels; no AdmissionReview does (refused before parsing)`
-      if (++containers > limits.containers) return `the body holds more than ${limits.containers} objects and arrays; no AdmissionReview of a Pod does (refused before parsing)`
-    } else if (c === 0x5d || c === 0x7d) {
-      depth--
-    } else if (c === 0x2c || c === 0x3a) {
-      if (++items > limits.items) return `the body holds more than ${limits.items} values and keys; no AdmissionReview of a Pod does (refused before parsing)`
-    }
-  }
-  return undefined
-}
-
-/** Most reviews are a few KiB; a Pod with large annotations or many env variables can reach 1 MiB. */
-const LARGE_BODY = 256 * 1024
-
-/** Jobs run one per turn of the event loop (setImmediate), in order. */
-class TurnQueue {
-  readonly #jobs: (() => void)[] = []
-  #scheduled = false
-
-  push (job: () => void): void {
-    this.#jobs.push(job)
-    if (!this.#scheduled) this.#next()
-  }
-
-  #next (): void {
-    this.#scheduled = true
-    setImmediate(() => {
-      try {
-        this.#jobs.shift()?.()
-      } finally {
-        if (this.#jobs.length > 0) this.#next()
-        else this.#scheduled = false
-      }
-    })
-  }
-}
-
 /** A body refused before parsing: 400 malformed_review. */
 class RefusedBody extends Error {
   readonly statusCode = 400
-}
-
-interface Pem { readonly cert: Buffer, readonly key: Buffer, readonly digest: string }
-
-async function readPem (files: CertificateFiles): Promise<Pem> {
-  const [cert, key] = await Promise.all([readFile(files.certFile), readFile(files.keyFile)])
-  const digest = createHash('sha256').update(cert).update('\0').update(key).digest('hex')
-  return { cert, key, digest }
 }
 
 /** Routes registered, not listening. The certificate is read before it returns. */
 export async function buildWebhookServer (opts: WebhookOptions): Promise<FastifyInstance<HttpsServer>> {
   const { metrics, settings } = opts
   const limits = { ...WEBHOOK_LIMITS, ...opts.limits }
-  const first = await readPem(opts.tls)
-  const tls = { cert: first.cert, key: first.key, minVersion: 'TLSv1.2' } as const
+  const certificate = await ServingCertificate.read(opts)
+  const tls = { ...certificate.pair, minVersion: 'TLSv1.2' } as const
   const app = Fastify<HttpsServer>({
     https: tls,
-    // The server with Node's limits, the connection cap and the pipelining bound (limits.ts).
-    serverFactory: handler => webhookServer(tls, limits, handler),
+    // The server with Node's limits, the connection cap and the pipelining bound (webhookListener, limits.ts).
+    serverFactory: listenerServer(webhookListener(limits), tls),
     loggerInstance: opts.logger,
     bodyLimit: REVIEW_LIMITS.bodyBytes,
     // The /mutate handler logs what was decided; Fastify's own lines would only repeat it.
-    logController: new (class extends LogController {
-      override incomingRequest (): void { /* see above */ }
-      override requestCompleted (): void { /* see above */ }
-    })(),
+    logController: new ListenerLog(),
   })
 
   const budgets = {
@@ -177,33 +84,24 @@ export async function buildWebhookServer (opts: WebhookOptions): Promise<Fastify
     else parse()
   })
 
-  app.setErrorHandler((error: FastifyError, request, reply) => {
-    if (error instanceof BudgetExceeded) {
-      refuse(request, reply, 0)
-      return
-    }
-    if (error instanceof RefusedBody) {
+  answerErrors(app, {
+    codes: {},
+    failed: { message: 'the review could not be answered', line: 'admission review failed' },
+    own: (error, request, reply) => {
+      if (error instanceof BudgetExceeded) {
+        refuse(request, reply, 0)
+        return true
+      }
+      if (!(error instanceof RefusedBody) && error.statusCode !== 413) return false
       metrics.error('malformed')
-      request.log.warn({ problem: error.message }, 'malformed admission review')
-      sendError(reply, 400, 'malformed_review', error.message)
-      return
-    }
-    const status = error.statusCode ?? 500
-    if (status === 413) {
-      metrics.error('malformed')
-      const message = `the body is over ${REVIEW_LIMITS.bodyBytes / 1024 / 1024} MiB (${REVIEW_LIMITS.bodyBytes} bytes), the API server's own limit on a request: no AdmissionReview is that large`
+      const [status, code, message] = error instanceof RefusedBody
+        ? [400, 'malformed_review', error.message]
+        : [413, 'payload_too_large', `the body is over ${REVIEW_LIMITS.bodyBytes / 1024 / 1024} MiB (${REVIEW_LIMITS.bodyBytes} bytes), the API server's own limit on a request: no AdmissionReview is that large`] as const
       request.log.warn({ problem: message }, 'malformed admission review')
-      sendError(reply, 413, 'payload_too_large', message)
-      return
-    }
-    if (status >= 400 && status < 500) {
-      metrics.error('malformed')
-      sendError(reply, status, 'bad_request', error.message)
-      return
-    }
-    metrics.error('internal')
-    request.log.error({ err: error }, 'admission review failed')
-    sendError(reply, 500, 'internal_error', 'the review could not be answered')
+      sendError(reply, status, code, message)
+      return true
+    },
+    answered: status => { metrics.error(status < 500 ? 'malformed' : 'internal') },
   })
   app.setNotFoundHandler((request, reply) => {
     sendError(reply, 404, 'route_not_found', `no route for ${request.method} on this path (the webhook answers POST /mutate)`)
@@ -246,7 +144,7 @@ export async function buildWebhookServer (opts: WebhookOptions): Promise<Fastify
     void reply.send(review)
   })
 
-  watchCertificate(app, opts, first.digest)
+  certificate.follow(app)
   return app
 }
 
@@ -254,36 +152,66 @@ function stringOrNull (v: unknown): string | null {
   return typeof v === 'string' ? v : null
 }
 
-/** Polls the two files; a changed, valid pair becomes the context of the next TLS handshake. */
-function watchCertificate (app: FastifyInstance<HttpsServer>, opts: WebhookOptions, initialDigest: string): void {
-  let served = initialDigest
-  let rejected = ''
-  let busy = false
-  const check = async (): Promise<void> => {
-    const pem = await readPem(opts.tls)
-    if (pem.digest === served || pem.digest === rejected) return
-    try {
-      // Built here first so a half-written or mismatched pair is refused while the old one stays.
-      createSecureContext({ cert: pem.cert, key: pem.key })
-      app.server.setSecureContext({ cert: pem.cert, key: pem.key, minVersion: 'TLSv1.2' })
-    } catch (err) {
-      rejected = pem.digest
-      opts.metrics.certificateReload('rejected')
-      opts.logger.warn({ problem: (err as Error).message }, 'serving certificate on disk is not usable: still serving the previous one')
-      return
-    }
-    served = pem.digest
-    opts.metrics.certificateReload('applied')
-    opts.logger.info('serving certificate reloaded')
-  }
-  const timer = setInterval(() => {
-    if (busy) return
-    busy = true
-    check().catch((err: unknown) => {
-      // Mid-swap a file can be missing for a moment: the next round reads it again.
-      opts.logger.debug({ err }, 'serving certificate files not readable')
-    }).finally(() => { busy = false })
-  }, opts.certificateCheckMs ?? 1000)
-  timer.unref()
-  app.addHook('onClose', (_instance, done) => { clearInterval(timer); done() })
+// --- The `inject` command
+
+export interface RunningWebhook {
+  readonly address: AddressInfo
+  readonly adminAddress: AddressInfo
+  /** Drains and closes both listeners (what SIGTERM does, without exiting). */
+  readonly stop: (cause: string) => Promise<void>
+  /** SIGTERM and SIGINT drain, then exit; a second signal exits at once. */
+  readonly exitOnSignals: () => void
+}
+
+/**
+ * Starts the webhook and its admin listener through the lifecycle `serve`
+ * shares (admin/lifecycle.ts): readiness, the drain (readiness 503 at once,
+ * answering for COS_SHUTDOWN_DELAY_MS while the API server still has this
+ * pod as an endpoint, then reviews in flight get COS_SHUTDOWN_TIMEOUT_MS).
+ * While serving, the sidecar definition is re-read when its file changes
+ * (SidecarSource). The caller decides what a signal does (runInject).
+ */
+export async function startWebhook (config: InjectConfig, logger: Logger, programVersion: string): Promise<RunningWebhook> {
+  const metrics = new InjectMetrics()
+  metrics.sidecarVersion(config.settings.version)
+  const source = new SidecarSource(config.settings, { file: config.sidecarFile, sidecar: config.sidecar, programVersion, metrics, logger })
+  const settings = source.current
+  if (config.tls === undefined) throw new Error('startWebhook needs the serving certificate (loadInjectConfig with serving)')
+  const app = await buildWebhookServer({ settings, tls: config.tls, metrics, logger })
+  source.start()
+  app.addHook('onClose', (_instance, done) => { source.close(); done() })
+  const { bound, stop, exitOnSignals } = await startListeners({
+    app,
+    listener: 'webhook listener',
+    drain: (cause, admin) => drain(app, config, logger, {
+      cause,
+      onTimeout: () => {
+        logger.warn('shutdown timeout reached: cutting the reviews still in flight')
+        app.server.closeAllConnections()
+      },
+      afterClose: async () => { await admin.close() },
+    }),
+    admin: { metrics, logger, limits: { maxConnections: config.admin.maxConnections } },
+    listen: config.listen,
+    adminListen: config.admin,
+    variables: { listen: 'COS_INJECT_PORT', admin: 'COS_ADMIN_PORT' },
+    logger,
+  })
+  const current = settings()
+  logger.info({
+    ...bound.fields,
+    image: current.template.container.image,
+    version: current.version,
+    sidecarFile: config.sidecarFile,
+    nativeSidecar: current.nativeSidecar,
+    defaultSecret: current.defaultSecret ?? null,
+  }, 'cos-auth-proxy injection webhook listening')
+  return { address: bound.address, adminAddress: bound.adminAddress, stop, exitOnSignals }
+}
+
+/** The `inject` command, with the settings cli.ts loaded (a ConfigError there is exit 78): until SIGTERM or SIGINT, then the drain and exit. */
+export async function runInject (config: InjectConfig, programVersion: string): Promise<void> {
+  const logger = createLogger(config.logLevel, await inLogFormat(config.logFormat, stdoutDestination(), config.logColour))
+  const webhook = await startWebhook(config, logger, programVersion)
+  webhook.exitOnSignals()
 }

@@ -1,6 +1,5 @@
 import { LogController, type FastifyReply, type FastifyRequest } from 'fastify'
 import { hasErrorCode } from '../upstream/error-codes.js'
-import { closeWithConnection } from '../client/connections.js'
 import { responseFailure } from '../client/response.js'
 import type { AccessLogSettings, RouteName } from '../config/config.js'
 
@@ -77,9 +76,8 @@ export class RequestLog extends LogController {
     this.#observer?.requestStarted()
     this.open++
     const res = reply.raw
+    // A response queued behind another (pipelining) closes with its connection too: the listener's tracker sees to it (src/client/connections.ts).
     res.once('close', () => { this.open--; this.#completed(request, reply) })
-    // Queued behind an earlier answer (pipelining): Node would never close it if the connection closed first.
-    if (res.socket === null) closeWithConnection(res)
   }
 
   override requestCompleted (): void {
@@ -108,7 +106,7 @@ export class RequestLog extends LogController {
     }
     // 499 when the client got no status: none was written, or the answer sat
     // queued behind another on a connection that closed (it never held the
-    // socket: closeWithConnection). A reply the proxy itself took over (a
+    // socket: the tracker closed it with its connection). A reply the proxy itself took over (a
     // request dropped behind a refusal, connection-refusals.ts) keeps the
     // status it was given: no client closed that one.
     const res = reply.raw

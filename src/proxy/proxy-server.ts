@@ -3,11 +3,12 @@
 // and the proxy routes. Not listening: serve() (server.ts) runs it.
 import { randomUUID } from 'node:crypto'
 import type { IncomingMessage, Server } from 'node:http'
-import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyHttpOptions } from 'fastify'
+import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyReply, type FastifyHttpOptions } from 'fastify'
 import { AuthRefusals } from './auth-refusals.js'
 import type { Config } from '../config/config.js'
-import { condemn, droppedBehindRefusal, rawErrorResponse, refuseConnect, rejectMalformed, TOO_MANY_PIPELINED } from '../client/connection-refusals.js'
-import { pipelinedBeyondBound, reapIdleConnections, refuseAtAccept } from '../client/connections.js'
+import { condemn, droppedBehindRefusal, rawErrorResponse, refuseAtAccept, refuseConnect, rejectMalformed, TOO_MANY_PIPELINED } from '../client/connection-refusals.js'
+import { pipelinedBeyondBound } from '../client/connections.js'
+import { answerErrors, listenerServer, type ListenerPolicy } from '../client/listener.js'
 import type { ReloadOutcome } from '../credentials/credential-watcher.js'
 import type { CredentialStore } from '../credentials/credentials.js'
 import { sendError } from './errors.js'
@@ -16,7 +17,6 @@ import { proxyPlugin, type ProxyObserver } from './proxy.js'
 import { allowList, peerAllowed } from '../client/guard.js'
 import { ALLOW, FORBIDDEN_SOURCE, requestGuard, type Refusal } from '../client/request-guard.js'
 import { RequestLog, type RequestObserver } from '../observability/request-log.js'
-import { GuardedResponse } from '../client/response.js'
 import type { MintingClock } from '../token/token.js'
 import { readUpstreamClocks, UpstreamClock, type ClockThresholds } from '../upstream/upstream-clock.js'
 import { Upstreams } from '../upstream/upstream.js'
@@ -75,29 +75,33 @@ export function upstreamsFor (config: Config, logger: FastifyBaseLogger): Upstre
   })
 }
 
-/** Node's and Fastify's limits and timeouts for the client side, and the request log. */
+/**
+ * The proxy listener's policy (listener.ts): the client-side timeouts and
+ * the cap (COS_MAX_CONNECTIONS), idle connections reaped after the
+ * keep-alive timeout, a request whose body is arriving never displaced (the
+ * body goes upstream as it arrives), pipelining refused beyond the bounds
+ * with 503, and heads from upstreams Node refuses to write failing only
+ * their own response.
+ */
+export function proxyListener (client: Config['client']): ListenerPolicy {
+  return {
+    headersTimeoutMs: client.headersTimeoutMs,
+    requestTimeoutMs: client.requestTimeoutMs,
+    keepAliveTimeoutMs: client.keepAliveTimeoutMs,
+    connections: { idleMs: client.keepAliveTimeoutMs, maxConnections: client.maxConnections, keepBodies: true },
+    guardResponses: true,
+  }
+}
+
+/** Fastify's options: the hardened server, and the request log. */
 function serverOptions (opts: ProxyServerOptions): FastifyHttpOptions<Server> {
-  const { client } = opts.config
   return {
     loggerInstance: opts.logger,
     logController: opts.requestLog ?? new RequestLog(opts.observer, opts.config.accessLog),
     requestIdHeader: false,
     genReqId: requestId,
     return503OnClosing: true,
-    keepAliveTimeout: client.keepAliveTimeoutMs,
-    requestTimeout: client.requestTimeoutMs,
-    http: {
-      headersTimeout: client.headersTimeoutMs,
-      requestTimeout: client.requestTimeoutMs,
-      keepAliveTimeout: client.keepAliveTimeoutMs,
-      maxHeaderSize: 16 * 1024, // larger header sections get 431
-      // How often those timeouts are enforced (Node's default is 30 s).
-      connectionsCheckingInterval: Math.min(1000, client.headersTimeoutMs),
-      // Refuse what Node's parser can be lenient about (obs-fold, bare LF, …).
-      insecureHTTPParser: false,
-      // A response Node refuses to write fails its request, not the process.
-      ServerResponse: GuardedResponse,
-    },
+    serverFactory: listenerServer(proxyListener(opts.config.client)),
   }
 }
 
@@ -129,8 +133,6 @@ export async function buildProxyServer (opts: ProxyServerOptions): Promise<Fasti
     clientErrorHandler: rejectMalformed,
   })
   refuseSourcesAtAccept(app, opts)
-  // Not Node's server.maxConnections: that drops the newcomer unseen, whatever the others hold.
-  reapIdleConnections(app.server, config.client.keepAliveTimeoutMs, config.client.maxConnections, { keepBodies: true })
   app.server.on('connect', refuseConnect)
   // Declared up front so every request object has the same shape.
   app.decorateRequest('upstreamStart', 0)
@@ -148,7 +150,7 @@ export async function buildProxyServer (opts: ProxyServerOptions): Promise<Fasti
     if (refusal === undefined) done()
     else refuse(reply, refusal)
   })
-  answerErrors(app)
+  answerProxyErrors(app)
 
   await app.register(proxyPlugin, {
     routes: config.routes,
@@ -168,7 +170,7 @@ export async function buildProxyServer (opts: ProxyServerOptions): Promise<Fasti
 /**
  * A peer outside COS_ALLOW_FROM gets 403 `forbidden_source` when its
  * connection is accepted, and the connection is closed: nothing it sends is
- * parsed, and it takes no slot of COS_MAX_CONNECTIONS (connections.ts,
+ * parsed, and it takes no slot of COS_MAX_CONNECTIONS (connection-refusals.ts,
  * refuseAtAccept). Counted as a request answered 403 (route `none`, method
  * `OTHER`: none was read), and logged as the refusal of a request was, by
  * COS_ACCESS_LOG (a status >= 400: not with `off`).
@@ -185,22 +187,12 @@ function refuseSourcesAtAccept (app: FastifyInstance, opts: ProxyServerOptions):
 }
 
 /** 404 and every error thrown while handling a request, in the JSON error shape. */
-function answerErrors (app: FastifyInstance): void {
+function answerProxyErrors (app: FastifyInstance): void {
   app.setNotFoundHandler((request, reply) => {
     sendError(reply, 404, 'route_not_found', `no route for ${request.method} on this path`)
   })
 
-  app.setErrorHandler((error: FastifyError, request, reply) => {
-    const status = error.statusCode !== undefined && error.statusCode >= 400 && error.statusCode < 600 ? error.statusCode : 500
-    if (status >= 500) {
-      request.log.error({ err: error }, 'request failed')
-      sendError(reply, status, 'internal_error', 'the proxy failed to handle the request')
-      return
-    }
-    // The server's logger: on the proxied routes, request.log passes only errors (proxy.ts).
-    request.server.log.debug({ reqId: request.id, err: error }, 'request refused')
-    sendError(reply, status, STATUS_CODES[status] ?? 'bad_request', error.message)
-  })
+  answerErrors(app, { codes: STATUS_CODES, failed: { message: 'the proxy failed to handle the request', line: 'request failed' }, keep5xx: true, logRefusals: true })
 }
 
 /**

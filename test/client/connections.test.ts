@@ -4,7 +4,8 @@
 import { createServer, type Server, type ServerResponse } from 'node:http'
 import { connect, type Socket } from 'node:net'
 import t, { type Test } from 'tap'
-import { reapIdleConnections, refuseAtAccept } from '../../src/client/connections.js'
+import { refuseAtAccept } from '../../src/client/connection-refusals.js'
+import { trackConnections } from '../../src/client/connections.js'
 import { listenOnLoopback } from '../support/helpers.js'
 import { scaled } from '../support/time-scale.js'
 
@@ -32,7 +33,7 @@ async function holdingServer (t: Test, idleMs: number, max: number, opts: { keep
   const held: ServerResponse[] = []
   const server = createServer((_req, res) => { held.push(res) })
   opts.before?.(server)
-  reapIdleConnections(server, idleMs, max, { keepBodies: opts.keepBodies ?? false })
+  trackConnections(server, { idleMs, maxConnections: max, keepBodies: opts.keepBodies ?? false })
   const port = await listenOnLoopback(server)
   const release = (): void => { for (const res of held.splice(0)) res.end('done') }
   t.teardown(() => new Promise<void>(resolve => { release(); server.closeAllConnections(); server.close(() => resolve()) }))

@@ -8,11 +8,10 @@ import { join } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { pino } from 'pino'
 import t, { type Test } from 'tap'
-import { InjectMetrics } from '../../src/inject/metrics.js'
-import { buildWebhookServer } from '../../src/inject/server.js'
 import { run, start } from '../support/cli-process.js'
 import { makePki, type Pki } from '../support/tls-fixtures.js'
-import { appPod, applyResponsePatch, chartPod, EXAMPLE_SETTINGS, EXAMPLE_SIDECAR_FILE, podReview } from './pods.js'
+import { startTestWebhook, type TestWebhook } from '../support/webhook.js'
+import { appPod, applyResponsePatch, chartPod, EXAMPLE_SIDECAR_FILE, podReview } from './pods.js'
 
 type Json = Record<string, unknown>
 
@@ -29,14 +28,8 @@ function certDir (pki: Pki): { dir: string, certFile: string, keyFile: string } 
   return files
 }
 
-async function startWebhook (t: Test, files: { certFile: string, keyFile: string }, logger = pino({ level: 'silent' })): Promise<{ port: number, metrics: InjectMetrics }> {
-  const metrics = new InjectMetrics({ defaultMetrics: false })
-  const app = await buildWebhookServer({ settings: () => EXAMPLE_SETTINGS, tls: files, metrics, logger, certificateCheckMs: 25 })
-  await app.listen({ host: '127.0.0.1', port: 0 })
-  t.teardown(() => app.close())
-  const address = app.server.address()
-  if (address === null || typeof address === 'string') throw new Error('not listening')
-  return { port: address.port, metrics }
+async function startWebhook (t: Test, files: { certFile: string, keyFile: string }, logger = pino({ level: 'silent' })): Promise<TestWebhook> {
+  return await startTestWebhook(t, { tls: files, logger, certificateCheckMs: 25 })
 }
 
 interface Answer { status: number, body: string }

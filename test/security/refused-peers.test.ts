@@ -14,7 +14,7 @@ import { join } from 'node:path'
 import t from 'tap'
 import { listenOnLoopback, send, startProxy, startUpstream } from '../support/helpers.js'
 import { errorOf, parseResponses } from '../support/raw.js'
-import { REFUSED_LINGER } from '../../src/client/connections.js'
+import { REFUSED_LINGER } from '../../src/client/connection-refusals.js'
 import { startSidecar, writeKeyPair } from '../support/sidecar.js'
 import { scaled } from '../support/time-scale.js'
 

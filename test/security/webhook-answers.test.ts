@@ -13,35 +13,26 @@ import { join } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
 import t, { type Test } from 'tap'
 import { ByteBudget } from '../../src/client/bytes-in-flight.js'
-import { WEBHOOK_LIMITS, type WebhookLimits } from '../../src/inject/limits.js'
+import { REVIEW_LIMITS, WEBHOOK_LIMITS, type WebhookLimits } from '../../src/inject/limits.js'
 import { InjectMetrics } from '../../src/inject/metrics.js'
-import { buildWebhookServer, REVIEW_LIMITS } from '../../src/inject/server.js'
-import { createLogger } from '../../src/observability/logger.js'
 import { alive, injectEnv, INJECT_LISTENING, type Attacker, manyContainersReview, NEAR_BOUND, postUnread, probe, statusOf } from '../support/attacks.js'
 import { start } from '../support/cli-process.js'
-import { LogCapture, until } from '../support/helpers.js'
+import { until } from '../support/helpers.js'
 import { scaled } from '../support/time-scale.js'
 import { makePki } from '../support/tls-fixtures.js'
-import { appPod, applyResponsePatch, EXAMPLE_SETTINGS, podReview } from '../inject/pods.js'
+import { startTestWebhook, type TestWebhook } from '../support/webhook.js'
+import { appPod, applyResponsePatch, podReview } from '../inject/pods.js'
 
 const MiB = 1024 * 1024
 const pki = makePki()
 t.teardown(() => { pki.cleanup() })
 
-interface Webhook { port: number, answers: ByteBudget, metrics: InjectMetrics, logs: LogCapture }
+interface Webhook extends TestWebhook { answers: ByteBudget }
 
 async function startWebhook (t: Test, limits: Partial<WebhookLimits> = {}): Promise<Webhook> {
   const answers = new ByteBudget(limits.answerBytesInFlight ?? WEBHOOK_LIMITS.answerBytesInFlight)
-  const metrics = new InjectMetrics({ defaultMetrics: false })
-  const logs = new LogCapture()
-  const tls = { certFile: join(pki.dir, 'server.pem'), keyFile: join(pki.dir, 'server.key') }
-  const app = await buildWebhookServer({ settings: () => EXAMPLE_SETTINGS, tls, metrics, logger: createLogger('info', logs), limits, budgets: { answers } })
-  await app.listen({ host: '127.0.0.1', port: 0 })
-  t.teardown(async () => {
-    app.server.closeAllConnections()
-    await app.close()
-  })
-  return { port: (app.server.address() as { port: number }).port, answers, metrics, logs }
+  const webhook = await startTestWebhook(t, { tls: { certFile: join(pki.dir, 'server.pem'), keyFile: join(pki.dir, 'server.key') }, limits, budgets: { answers } })
+  return { ...webhook, answers }
 }
 
 interface Answer { status: number, body: string }

@@ -13,12 +13,10 @@ import { join } from 'node:path'
 import { getHeapStatistics, setFlagsFromString } from 'node:v8'
 import { runInNewContext } from 'node:vm'
 import t, { type Test } from 'tap'
-import { InjectMetrics } from '../../src/inject/metrics.js'
-import { buildWebhookServer, jsonShapeProblem, REVIEW_LIMITS } from '../../src/inject/server.js'
-import { createLogger } from '../../src/observability/logger.js'
-import { LogCapture } from '../support/helpers.js'
+import { jsonShapeProblem, REVIEW_LIMITS } from '../../src/inject/limits.js'
 import { makePki } from '../support/tls-fixtures.js'
-import { appPod, applyResponsePatch, costliestReview, EXAMPLE_SETTINGS, podReview } from '../inject/pods.js'
+import { startTestWebhook, type TestWebhook } from '../support/webhook.js'
+import { appPod, applyResponsePatch, costliestReview, podReview } from '../inject/pods.js'
 
 type Json = Record<string, unknown>
 
@@ -28,13 +26,8 @@ writeFileSync(join(certs, 'tls.crt'), pki.serverCert)
 writeFileSync(join(certs, 'tls.key'), pki.serverKey)
 t.teardown(() => { pki.cleanup(); rmSync(certs, { recursive: true, force: true }) })
 
-async function startWebhook (t: Test): Promise<{ port: number, logs: LogCapture }> {
-  const logs = new LogCapture()
-  const tls = { certFile: join(certs, 'tls.crt'), keyFile: join(certs, 'tls.key') }
-  const app = await buildWebhookServer({ settings: () => EXAMPLE_SETTINGS, tls, metrics: new InjectMetrics({ defaultMetrics: false }), logger: createLogger('info', logs) })
-  await app.listen({ host: '127.0.0.1', port: 0 })
-  t.teardown(() => app.close())
-  return { port: (app.server.address() as { port: number }).port, logs }
+async function startWebhook (t: Test): Promise<TestWebhook> {
+  return await startTestWebhook(t, { tls: { certFile: join(certs, 'tls.crt'), keyFile: join(certs, 'tls.key') } })
 }
 
 interface Answer { status: number, body: string, ms: number }

@@ -8,7 +8,7 @@
 // that does not read; and the built CLI under the image's flags under the
 // attack as found (its peak RSS printed).
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
-import { request as httpsRequest, type Server as HttpsServer } from 'node:https'
+import { request as httpsRequest } from 'node:https'
 import { connect as netConnect, type Socket } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
@@ -16,14 +16,15 @@ import { setTimeout as sleep } from 'node:timers/promises'
 import { connect as tlsConnect, type TLSSocket } from 'node:tls'
 import t, { type Test } from 'tap'
 import { ByteBudget } from '../../src/client/bytes-in-flight.js'
-import { WEBHOOK_LIMITS, type WebhookLimits } from '../../src/inject/limits.js'
+import { REVIEW_LIMITS, WEBHOOK_LIMITS, type WebhookLimits } from '../../src/inject/limits.js'
 import { InjectMetrics } from '../../src/inject/metrics.js'
-import { buildWebhookServer, REVIEW_LIMITS } from '../../src/inject/server.js'
+import { buildWebhookServer } from '../../src/inject/server.js'
 import { createLogger } from '../../src/observability/logger.js'
 import { start } from '../support/cli-process.js'
 import { LogCapture, until } from '../support/helpers.js'
 import { scaled } from '../support/time-scale.js'
 import { makePki } from '../support/tls-fixtures.js'
+import { startTestWebhook, type TestWebhook } from '../support/webhook.js'
 import { appPod, costliestReview, EXAMPLE_SETTINGS, EXAMPLE_SIDECAR_FILE, podReview } from '../inject/pods.js'
 
 const MiB = 1024 * 1024
@@ -33,20 +34,12 @@ writeFileSync(join(certs, 'tls.crt'), pki.serverCert)
 writeFileSync(join(certs, 'tls.key'), pki.serverKey)
 t.teardown(() => { pki.cleanup(); rmSync(certs, { recursive: true, force: true }) })
 
-interface Webhook { port: number, budget: ByteBudget, metrics: InjectMetrics, connections: () => Promise<number>, server: HttpsServer }
+interface Webhook extends TestWebhook { budget: ByteBudget }
 
 async function startWebhook (t: Test, limits: Partial<WebhookLimits> = {}): Promise<Webhook> {
   const budget = new ByteBudget(limits.bodyBytesInFlight ?? WEBHOOK_LIMITS.bodyBytesInFlight)
-  const metrics = new InjectMetrics({ defaultMetrics: false })
-  const tls = { certFile: join(certs, 'tls.crt'), keyFile: join(certs, 'tls.key') }
-  const app = await buildWebhookServer({ settings: () => EXAMPLE_SETTINGS, tls, metrics, logger: createLogger('info', new LogCapture()), limits, budgets: { bodies: budget } })
-  await app.listen({ host: '127.0.0.1', port: 0 })
-  t.teardown(async () => {
-    app.server.closeAllConnections()
-    await app.close()
-  })
-  const connections = (): Promise<number> => new Promise((resolve, reject) => { app.server.getConnections((err, n) => { if (err === null) resolve(n); else reject(err) }) })
-  return { port: (app.server.address() as { port: number }).port, budget, metrics, connections, server: app.server }
+  const webhook = await startTestWebhook(t, { tls: { certFile: join(certs, 'tls.crt'), keyFile: join(certs, 'tls.key') }, limits, budgets: { bodies: budget } })
+  return { ...webhook, budget }
 }
 
 /** Polls an asynchronous `cond` until it holds or `ms` (scaled) pass. */

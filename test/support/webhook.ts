@@ -1,0 +1,54 @@
+// The real webhook server (buildWebhookServer) listening on 127.0.0.1 for one
+// test: the example sidecar, metrics of its own, a logger into a LogCapture
+// unless one is given, its limits and budgets as the test sets them;
+// stopped with the test (its connections cut first).
+import type { Server as HttpsServer } from 'node:https'
+import type { FastifyBaseLogger } from 'fastify'
+import type { Test } from 'tap'
+import type { ByteBudget } from '../../src/client/bytes-in-flight.js'
+import type { WebhookLimits } from '../../src/inject/limits.js'
+import { InjectMetrics } from '../../src/inject/metrics.js'
+import { buildWebhookServer, type CertificateFiles } from '../../src/inject/server.js'
+import { createLogger } from '../../src/observability/logger.js'
+import { LogCapture } from './helpers.js'
+import { EXAMPLE_SETTINGS } from '../inject/pods.js'
+
+export interface TestWebhookOptions {
+  readonly tls: CertificateFiles
+  readonly limits?: Partial<WebhookLimits>
+  readonly budgets?: { readonly bodies?: ByteBudget, readonly answers?: ByteBudget }
+  /** A logger of the test's own; else one at info into `logs`. */
+  readonly logger?: FastifyBaseLogger
+  readonly certificateCheckMs?: number
+}
+
+export interface TestWebhook {
+  readonly port: number
+  readonly server: HttpsServer
+  readonly metrics: InjectMetrics
+  /** What the webhook logged (empty when the test gave its own logger). */
+  readonly logs: LogCapture
+  /** Connections the server holds now. */
+  readonly connections: () => Promise<number>
+}
+
+export async function startTestWebhook (t: Test, opts: TestWebhookOptions): Promise<TestWebhook> {
+  const metrics = new InjectMetrics({ defaultMetrics: false })
+  const logs = new LogCapture()
+  const app = await buildWebhookServer({
+    settings: () => EXAMPLE_SETTINGS,
+    tls: opts.tls,
+    metrics,
+    logger: opts.logger ?? createLogger('info', logs),
+    ...(opts.limits === undefined ? {} : { limits: opts.limits }),
+    ...(opts.budgets === undefined ? {} : { budgets: opts.budgets }),
+    ...(opts.certificateCheckMs === undefined ? {} : { certificateCheckMs: opts.certificateCheckMs }),
+  })
+  await app.listen({ host: '127.0.0.1', port: 0 })
+  t.teardown(async () => {
+    app.server.closeAllConnections()
+    await app.close()
+  })
+  const connections = (): Promise<number> => new Promise((resolve, reject) => { app.server.getConnections((err, n) => { if (err === null) resolve(n); else reject(err) }) })
+  return { port: (app.server.address() as { port: number }).port, server: app.server, metrics, logs, connections }
+}
