@@ -103,12 +103,13 @@ SERVICE_CIDR=10.96.0.0/24
 # kube-control-plane.sh's default ports, always free inside the namespace (its loopback is its
 # own, whatever the host's 127.0.0.1 has in use)
 API_PORT=16443
-# The daemons `up` starts itself, in the order `down` stops them (the control plane's three
-# are kube-control-plane.sh's, stopped by it from its own PID files).
+# The daemons `up` starts itself (status and the final check look at them; the journal stops
+# them, newest first; the control plane's three are kube-control-plane.sh's, in its journal).
 DAEMONS="kube-proxy kube-scheduler kubelet"
 T0=$SECONDS   # the start of `up` or `down`, for the timings they log
 # Paths outside the run directory that containerd, the CNI plugins or the kubelet write to
-# whatever they are told; `down` removes those that did not exist before `up`.
+# whatever they are told: step_containerd journals the removal of each that does not exist
+# yet (/run/netns is step_namespace's), and the final check compares them with the snapshot.
 HOST_PATHS=${COS_KUBE_HOST_PATHS:-"/run/containerd /var/lib/kubelet /var/log/containers /var/log/pods /var/lib/cni /opt/containerd /var/lib/containerd /etc/cni /run/netns"}
 
 need_root() { [ "$(id -u)" = 0 ] || die "needs root (network namespace, mounts, cgroups)"; }
@@ -476,7 +477,7 @@ up() {
     node_ready "$dir" || { tail -30 "$dir/kubelet.log" >&2; log "node $NODE not Ready after ${limit} s"; false; }
   on_failure -
   echo "node $NODE Ready ($("$BIN/kubelet" --version | awk '{print $2}'), inside network namespace $NETNS) in $((SECONDS - T0)) s"
-  echo "run directory $dir (logs: *.log; PIDs: *.pid, cp/*.pid; undo journal: journal)"
+  echo "run directory $dir (logs: *.log; PIDs: *.pid, cp/*.pid)"
   print_env "$dir"
 }
 up_failed() { log "up failed; cleaning up (logs stay in $COS_KUBE_NODE_RUN)"; down; }
