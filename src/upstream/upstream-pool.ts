@@ -4,6 +4,7 @@
 import { rootCertificates } from 'node:tls'
 import { Pool } from 'undici'
 import { readBoundedFileSync } from '../mounted/bounded-file.js'
+import type { MountedFile } from '../mounted/mounted-files.js'
 import { ConfigError, type Config } from '../config/config.js'
 
 export interface TlsMaterial {
@@ -15,16 +16,24 @@ export interface TlsMaterial {
 /** Room for a large CA bundle (the Mozilla one is ~220 KB); a file past it is refused unread. */
 export const TLS_FILE_MAX_BYTES = 1024 * 1024
 
+/** The TLS files that are set, as the mounted-file watcher reads them. */
+export function tlsFiles (files: Config['tls']): MountedFile[] {
+  const all: [string, string | undefined][] = [['COS_CA_FILE', files.caFile], ['COS_CLIENT_CERT_FILE', files.clientCertFile], ['COS_CLIENT_KEY_FILE', files.clientKeyFile]]
+  return all.flatMap(([variable, path]) => path === undefined ? [] : [{ path, variable, maxBytes: TLS_FILE_MAX_BYTES }])
+}
+
 /**
- * Reads COS_CA_FILE / COS_CLIENT_CERT_FILE / COS_CLIENT_KEY_FILE. Throws
- * ConfigError naming the file's variable. Synchronous (start-up, and a
- * change seen by watchFile), but a FIFO, device or huge file at a path is
- * refused without waiting on it or reading it whole.
+ * Reads COS_CA_FILE / COS_CLIENT_CERT_FILE / COS_CLIENT_KEY_FILE, or takes
+ * their texts as read already (`texts`, by path: the watcher's read). Throws
+ * ConfigError naming the file's variable. Synchronous (start-up), but a FIFO,
+ * device or huge file at a path is refused without waiting on it or reading
+ * it whole.
  */
-export function readTlsMaterial (files: Config['tls']): TlsMaterial {
+export function readTlsMaterial (files: Config['tls'], texts?: ReadonlyMap<string, string>): TlsMaterial {
   const read = (variable: string, path: string | undefined, marker: RegExp): string | undefined => {
     if (path === undefined) return undefined
-    const file = readBoundedFileSync(path, TLS_FILE_MAX_BYTES)
+    const given = texts?.get(path)
+    const file = given === undefined ? readBoundedFileSync(path, TLS_FILE_MAX_BYTES) : { ok: true as const, text: given }
     if (!file.ok) throw new ConfigError(variable, file.problem)
     // Contents are never echoed: a key file is a secret.
     if (!marker.test(file.text)) throw new ConfigError(variable, `${JSON.stringify(path)} holds no PEM block of the expected kind`)

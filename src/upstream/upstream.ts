@@ -3,13 +3,13 @@
 // dispatcher whose pool can be replaced when TLS material changes (a rotated
 // CA bundle or client certificate), without a restart and without cutting
 // requests in flight on the old pool.
-import { unwatchFile, watchFile, type Stats } from 'node:fs'
 import type { FastifyBaseLogger } from 'fastify'
 import { Dispatcher, Pool } from 'undici'
-import type { Config, ConfigError } from '../config/config.js'
+import { ConfigError, type Config } from '../config/config.js'
+import { MountedFiles, type MountedOutcome, type Parsed } from '../mounted/mounted-files.js'
 import { EgressAgent, egressProblem } from './egress-agent.js'
 import { egressProxyFor, type Egress, type EgressProxy } from './egress.js'
-import { createPool, readTlsMaterial, type TlsMaterial, type UpstreamOptions } from './upstream-pool.js'
+import { createPool, readTlsMaterial, tlsFiles, type TlsMaterial, type UpstreamOptions } from './upstream-pool.js'
 
 /** A Dispatcher whose underlying pool can be replaced; the proxy's routes see one stable object. */
 export class SwappableDispatcher extends Dispatcher {
@@ -54,9 +54,10 @@ export class SwappableDispatcher extends Dispatcher {
 
 /**
  * All upstream connections. TLS files are read at start (an error is a config
- * error) and polled for changes (fs.watchFile stats through symlinks, so a
- * Kubernetes `..data` swap is seen); a changed, valid set replaces the pools,
- * an invalid one is logged and ignored.
+ * error) and then followed by the mounted-file watcher (src/mounted/: their
+ * directories watched, a Kubernetes `..data` swap seen, a poll as well); a
+ * changed, valid set replaces the pools, an invalid one is logged once and
+ * ignored.
  */
 export class Upstreams {
   readonly #opts: UpstreamOptions
@@ -65,7 +66,7 @@ export class Upstreams {
   readonly #egress: Egress
   readonly #dispatchers = new Map<string, SwappableDispatcher>()
   #tls: TlsMaterial
-  #watched: string[] = []
+  #watcher: MountedFiles<TlsMaterial, void> | undefined
 
   constructor (opts: UpstreamOptions & { readonly tls: Config['tls'], readonly logger: FastifyBaseLogger, readonly egress?: Egress }) {
     this.#opts = opts
@@ -99,31 +100,50 @@ export class Upstreams {
     return proxy === undefined ? createPool(origin, this.#opts, tls) : new EgressAgent(proxy, this.#opts, tls)
   }
 
-  /** Re-read the TLS files; on success replace every pool. Returns whether anything changed. */
+  /** Re-read the TLS files now; on success replace every pool. Returns whether anything changed. */
   reloadTls (): boolean {
     let next: TlsMaterial
     try {
       next = readTlsMaterial(this.#files)
     } catch (err) {
-      this.#logger.error({ variable: (err as ConfigError).variable, problem: (err as Error).message }, 'TLS files changed but cannot be used; keeping the previous ones')
+      this.#refused((err as ConfigError).variable, (err as Error).message)
       return false
     }
-    if (JSON.stringify(next) === JSON.stringify(this.#tls)) return false
+    return this.#take(next)
+  }
+
+  /** Follows the TLS files: their directories' events, and a read every `intervalMs` as well. */
+  watch (intervalMs: number): void {
+    const files = tlsFiles(this.#files)
+    if (files.length === 0 || this.#watcher !== undefined) return
+    const parse = (texts: readonly string[]): Parsed<TlsMaterial> => {
+      try {
+        return { ok: true, value: readTlsMaterial(this.#files, new Map(files.map((f, i) => [f.path, texts[i] ?? '']))) }
+      } catch (err) {
+        if (!(err instanceof ConfigError)) throw err
+        return { ok: false, variable: err.variable, problem: err.message.slice(err.variable.length + 1) }
+      }
+    }
+    const report = (o: MountedOutcome<TlsMaterial>): void => {
+      if ((o.result === 'rejected' || o.result === 'unreadable') && !o.repeated) this.#refused(o.variable, `${o.variable} ${o.problem}`)
+    }
+    this.#watcher = new MountedFiles({ files, what: 'TLS files', parse, inForce: m => sameMaterial(m, this.#tls), apply: m => { this.#take(m) }, report, closed: undefined, pollMs: intervalMs, logger: this.#logger })
+    this.#watcher.start().catch((err: unknown) => { this.#logger.error({ err }, 'TLS files: reading them again failed; keeping the previous ones') })
+  }
+
+  #refused (variable: string, problem: string): void {
+    this.#logger.error({ variable, problem }, 'TLS files changed but cannot be used; keeping the previous ones')
+  }
+
+  /** Puts `next` in force (every pool replaced) unless it is what is in force. */
+  #take (next: TlsMaterial): boolean {
+    if (sameMaterial(next, this.#tls)) return false
     this.#tls = next
     for (const [origin, d] of this.#dispatchers) {
       d.replace(this.#create(origin, next)).catch((err: unknown) => this.#logger.warn({ err }, 'closing the previous upstream pool failed'))
     }
     this.#logger.info('TLS files changed: new upstream connections use them')
     return true
-  }
-
-  watch (intervalMs: number): void {
-    const paths = [this.#files.caFile, this.#files.clientCertFile, this.#files.clientKeyFile].filter((p): p is string => p !== undefined)
-    const onChange = (curr: Stats, prev: Stats): void => {
-      if (curr.mtimeMs !== prev.mtimeMs || curr.ino !== prev.ino || curr.size !== prev.size) this.reloadTls()
-    }
-    for (const p of paths) watchFile(p, { interval: intervalMs, persistent: false }, onChange)
-    this.#watched = paths
   }
 
   /** Stops watching the files and waits for the requests in flight. */
@@ -139,7 +159,11 @@ export class Upstreams {
   }
 
   #unwatch (): void {
-    for (const p of this.#watched) unwatchFile(p)
-    this.#watched = []
+    this.#watcher?.close()
+    this.#watcher = undefined
   }
+}
+
+function sameMaterial (a: TlsMaterial, b: TlsMaterial): boolean {
+  return JSON.stringify(a) === JSON.stringify(b)
 }
