@@ -16,10 +16,11 @@ const MAX_FILES = 10
 const MAX_LINES = 300
 // Test folders that are not one src/ folder's: attacks through a real proxy,
 // the operations docs against a real process, shared helpers, captured data,
-// the chart and the injector against a real API server (npm run test:kubernetes), pods on a real
-// node (npm run test:kubelet), the compose example under a real engine (npm run test:compose), the
-// release (its fast checks in npm test; npm run test:release against registries it starts).
-const CROSS_CUTTING_TESTS = new Set(['security', 'ops', 'support', 'fixtures', 'kubernetes', 'kubelet', 'compose', 'release'])
+// the release's fast checks (npm test), and the end-to-end suites (test/e2e/: tap
+// files not in npm test, one folder per suite and one harness, held below to the
+// same rules as src/).
+const CROSS_CUTTING_TESTS = new Set(['security', 'ops', 'support', 'fixtures', 'release', 'e2e'])
+const E2E = join(ROOT, 'test', 'e2e')
 
 /** docs/development.md from "## Layout" to the next "## " heading. */
 function layoutSection (): string {
@@ -72,6 +73,24 @@ t.test('each test folder is a src/ folder\'s, or one of the cross-cutting ones',
   const source = new Set(dirs(SRC))
   for (const name of dirs(join(ROOT, 'test'))) {
     t.ok(source.has(name) || CROSS_CUTTING_TESTS.has(name), `test/${name}/ matches src/${name}/`)
+  }
+})
+
+t.test(`test/e2e/ is held to the same rules: each folder named in the layout, at most ${MAX_FILES} modules, none over ${MAX_LINES} lines, none in npm test`, async t => {
+  const section = layoutSection()
+  const scripts = (JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as { scripts: Record<string, string> }).scripts
+  const folders = dirs(E2E)
+  t.ok(folders.includes('harness') && folders.length >= 5, `test/e2e/: ${folders.join(', ')}`)
+  for (const name of folders) {
+    t.ok(section.includes(`\`test/e2e/${name}/\``), `test/e2e/${name}/ is named in docs/development.md's layout`)
+    const files = readdirSync(join(E2E, name)).filter(f => /\.(?:ts|mjs)$/.test(f))
+    t.ok(files.length <= MAX_FILES, `test/e2e/${name}/: ${files.length} modules`)
+    for (const file of files) {
+      const lines = readFileSync(join(E2E, name, file), 'utf8').replace(/\n$/, '').split('\n').length
+      t.ok(lines <= MAX_LINES, `test/e2e/${name}/${file}: ${lines} lines`)
+      t.notOk(file.endsWith('.test.ts'), `test/e2e/${name}/${file} is not a *.test.ts (npm test runs those)`)
+      if (file.endsWith('.e2e.ts')) t.ok(Object.values(scripts).some(s => s.includes(`tap --timeout=0 test/e2e/${name}/${file}`)), `test/e2e/${name}/${file} is run by an npm script, on tap`)
+    }
   }
 })
 

@@ -1,9 +1,11 @@
 // The shell blocks of docs/kubernetes.md and helm/cos-auth-proxy/README.md:
 // found, classified (installs or creates something, or not; marked as not run
-// here, or claimed by a walk-through of doc-walkthroughs.ts) and run as written,
+// here, or claimed by a walk-through of doc-walkthroughs.ts: CLAIMS, WALKTHROUGHS,
+// inventory) and run as written,
 // the placeholders substituted from one table and nothing else edited.
 import { accessSync, constants, readFileSync, writeFileSync } from 'node:fs'
 import { delimiter, isAbsolute, join, resolve } from 'node:path'
+import { ok } from '../harness/checks.js'
 import { ROOT, run, type Run } from '../harness/processes.js'
 
 export const DOCS = ['docs/kubernetes.md', 'helm/cos-auth-proxy/README.md'] as const
@@ -124,4 +126,60 @@ export function toolDir (dir: string, tools: Readonly<Record<string, string>>): 
 /** Runs a block's script with bash (-e: it stops at the first command that fails, -o pipefail), from the repository's root. */
 export function runScript (text: string, env: NodeJS.ProcessEnv, timeoutMs = 180_000): Promise<Run> {
   return run('bash', ['-e', '-o', 'pipefail', '-c', text], { env, timeoutMs, cwd: ROOT })
+}
+
+export const K8S = 'docs/kubernetes.md'
+export const README = 'helm/cos-auth-proxy/README.md'
+
+/** The blocks the walk-throughs run, each found by its doc, heading and a line of it. */
+export const CLAIMS = {
+  keyPair: { doc: K8S, heading: 'The image and the key pair', has: 'create secret generic cos-credentials' },
+  parentBuild: { doc: K8S, heading: 'As a sidecar in your own workload', has: 'helm dependency build examples/sidecar-parent-chart' },
+  parentInstall: { doc: K8S, heading: 'As a sidecar in your own workload', has: 'helm install my-app examples/sidecar-parent-chart' },
+  standalone: { doc: K8S, heading: 'Standalone (a Deployment other pods call)', has: 'helm install cos-auth-proxy ./helm/cos-auth-proxy' },
+  injector: { doc: K8S, heading: 'Install', has: 'helm install cos helm/cos-auth-proxy' },
+  annotate: { doc: K8S, heading: 'Annotate a namespace and a pod', has: 'kubectl label namespace apps cos-auth-proxy.io/injection=enabled' },
+  readmeCredentials: { doc: README, heading: 'Credentials', has: 'create secret generic cos-credentials' },
+  readmeStandalone: { doc: README, heading: 'Standalone mode', has: 'helm install cos-auth-proxy ./helm/cos-auth-proxy' },
+} as const satisfies Record<string, Claim>
+export type ClaimName = keyof typeof CLAIMS
+
+export const WALKTHROUGHS: Record<string, readonly ClaimName[]> = {
+  'docs/kubernetes.md, as a sidecar': ['keyPair', 'parentBuild', 'parentInstall'],
+  'docs/kubernetes.md, standalone': ['keyPair', 'standalone'],
+  'docs/kubernetes.md, injection': ['keyPair', 'injector', 'annotate'],
+  'chart README, standalone': ['readmeCredentials', 'readmeStandalone'],
+}
+
+export function find (all: readonly Block[], claim: Claim): Block[] {
+  return all.filter(b => isShell(b) && matches(b, claim))
+}
+
+/** Every shell block: run here (by which walk-throughs), marked not run (why), or creating nothing. */
+export function inventory (all: readonly Block[]): void {
+  for (const [name, claim] of Object.entries(CLAIMS)) {
+    const found = find(all, claim)
+    ok(found.length === 1, `${name}: one block of ${claim.doc} under "${claim.heading}" with "${claim.has}"`, found.map(where))
+  }
+  let runHere = 0
+  let marked = 0
+  let other = 0
+  for (const b of all.filter(isShell)) {
+    const claimedBy = Object.entries(WALKTHROUGHS).filter(([, names]) => names.some(n => matches(b, CLAIMS[n]))).map(([w]) => w)
+    const creates = creating(b)
+    if (b.notRun !== undefined) {
+      marked++
+      ok(claimedBy.length === 0, `not run here (marked): ${where(b)}: ${b.notRun}`, { claimedBy })
+    } else if (claimedBy.length > 0) {
+      runHere++
+      console.log(`    run here: ${where(b)}, in: ${claimedBy.join('; ')}`)
+    } else if (creates.length > 0) {
+      ok(false, `${where(b)} installs or creates something (${creates[0] ?? ''}), and is neither run by a walk-through here nor marked <!-- not run by test:kubernetes: why -->`)
+    } else {
+      other++
+      console.log(`    creates nothing: ${where(b)}`)
+    }
+  }
+  ok(runHere >= 8, `${runHere} blocks run here, ${marked} marked not run, ${other} that create nothing`)
+  console.log(`    placeholders (the only text changed): ${Object.entries(PLACEHOLDERS).map(([k, v]) => `${k} → ${v}`).join(', ')}`)
 }

@@ -8,7 +8,7 @@
 import { randomBytes } from 'node:crypto'
 import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
-import { blocks, consoleParts, creating, DOCS, isShell, matches, PLACEHOLDERS, runScript, substitute, toolDir, where, which, type Block, type Claim } from './doc-blocks.js'
+import { blocks, CLAIMS, consoleParts, DOCS, find, inventory, K8S, PLACEHOLDERS, README, runScript, substitute, toolDir, WALKTHROUGHS, where, which, type Block, type ClaimName } from './doc-blocks.js'
 import { objectPath, parseYamlDocs, type Helm } from './helm.js'
 import { INJECTED, MWC, NAME, NS, RELEASE, servingSecret } from './injection.js'
 import { equal, ok, section } from '../harness/checks.js'
@@ -17,29 +17,7 @@ import { controlPlane } from '../harness/control-plane.js'
 import { ROOT, type Run, run, scratch, until } from '../harness/processes.js'
 import { Webhook, WebhookFiles } from './webhook.js'
 
-const K8S = 'docs/kubernetes.md'
-const README = 'helm/cos-auth-proxy/README.md'
 const PARENT = join(ROOT, 'examples', 'sidecar-parent-chart')
-
-/** The blocks the walk-throughs run, each found by its doc, heading and a line of it. */
-const CLAIMS = {
-  keyPair: { doc: K8S, heading: 'The image and the key pair', has: 'create secret generic cos-credentials' },
-  parentBuild: { doc: K8S, heading: 'As a sidecar in your own workload', has: 'helm dependency build examples/sidecar-parent-chart' },
-  parentInstall: { doc: K8S, heading: 'As a sidecar in your own workload', has: 'helm install my-app examples/sidecar-parent-chart' },
-  standalone: { doc: K8S, heading: 'Standalone (a Deployment other pods call)', has: 'helm install cos-auth-proxy ./helm/cos-auth-proxy' },
-  injector: { doc: K8S, heading: 'Install', has: 'helm install cos helm/cos-auth-proxy' },
-  annotate: { doc: K8S, heading: 'Annotate a namespace and a pod', has: 'kubectl label namespace apps cos-auth-proxy.io/injection=enabled' },
-  readmeCredentials: { doc: README, heading: 'Credentials', has: 'create secret generic cos-credentials' },
-  readmeStandalone: { doc: README, heading: 'Standalone mode', has: 'helm install cos-auth-proxy ./helm/cos-auth-proxy' },
-} as const satisfies Record<string, Claim>
-type ClaimName = keyof typeof CLAIMS
-
-const WALKTHROUGHS: Record<string, readonly ClaimName[]> = {
-  'docs/kubernetes.md, as a sidecar': ['keyPair', 'parentBuild', 'parentInstall'],
-  'docs/kubernetes.md, standalone': ['keyPair', 'standalone'],
-  'docs/kubernetes.md, injection': ['keyPair', 'injector', 'annotate'],
-  'chart README, standalone': ['readmeCredentials', 'readmeStandalone'],
-}
 
 interface Context {
   readonly c: Cluster
@@ -47,39 +25,6 @@ interface Context {
   readonly env: NodeJS.ProcessEnv
   readonly home: string
   readonly all: readonly Block[]
-}
-
-function find (all: readonly Block[], claim: Claim): Block[] {
-  return all.filter(b => isShell(b) && matches(b, claim))
-}
-
-/** Every shell block: run here (by which walk-throughs), marked not run (why), or creating nothing. */
-function inventory (all: readonly Block[]): void {
-  for (const [name, claim] of Object.entries(CLAIMS)) {
-    const found = find(all, claim)
-    ok(found.length === 1, `${name}: one block of ${claim.doc} under "${claim.heading}" with "${claim.has}"`, found.map(where))
-  }
-  let runHere = 0
-  let marked = 0
-  let other = 0
-  for (const b of all.filter(isShell)) {
-    const claimedBy = Object.entries(WALKTHROUGHS).filter(([, names]) => names.some(n => matches(b, CLAIMS[n]))).map(([w]) => w)
-    const creates = creating(b)
-    if (b.notRun !== undefined) {
-      marked++
-      ok(claimedBy.length === 0, `not run here (marked): ${where(b)}: ${b.notRun}`, { claimedBy })
-    } else if (claimedBy.length > 0) {
-      runHere++
-      console.log(`    run here: ${where(b)}, in: ${claimedBy.join('; ')}`)
-    } else if (creates.length > 0) {
-      ok(false, `${where(b)} installs or creates something (${creates[0] ?? ''}), and is neither run by a walk-through here nor marked <!-- not run by test:kubernetes: why -->`)
-    } else {
-      other++
-      console.log(`    creates nothing: ${where(b)}`)
-    }
-  }
-  ok(runHere >= 8, `${runHere} blocks run here, ${marked} marked not run, ${other} that create nothing`)
-  console.log(`    placeholders (the only text changed): ${Object.entries(PLACEHOLDERS).map(([k, v]) => `${k} → ${v}`).join(', ')}`)
 }
 
 /** Runs a claimed block as written (placeholders aside); throws when it fails, which ends the walk-through. */
