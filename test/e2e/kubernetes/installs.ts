@@ -50,7 +50,7 @@ export async function uninstall (c: Cluster, helm: Helm, release: string, ns: st
 }
 
 async function crds (c: Cluster): Promise<void> {
-  const docs = parseYamlDocs(readFileSync(join(ROOT, 'test', 'kubernetes', 'prometheus-operator-crds.yaml'), 'utf8'))
+  const docs = parseYamlDocs(readFileSync(join(ROOT, 'test', 'e2e', 'kubernetes', 'prometheus-operator-crds.yaml'), 'utf8'))
   for (const crd of docs) {
     await c.create('/apis/apiextensions.k8s.io/v1/customresourcedefinitions', crd)
     const name = str(crd, 'metadata', 'name') ?? ''
