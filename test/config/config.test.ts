@@ -1,7 +1,8 @@
 // Configuration: defaults, every validation rule, and the error line that names the variable.
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
+import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
+import { fileURLToPath } from 'node:url'
 import { inspect } from 'node:util'
 import t from 'tap'
 import { ConfigError, describeConfig, loadConfig } from '../../src/config/config.js'
@@ -344,4 +345,16 @@ t.test('a malformed proxy URL exits naming the variable and never echoes its pas
 t.test('commands that do not serve ignore the proxy variables: a bad one cannot stop `token`', async t => {
   const c = load({ COS_ACCESS_KEY: 'ak', COS_ACCESS_KEY_SECRET: SECRET, HTTPS_PROXY: 'socks5://proxy:1080' }, { needs: 'credentials' })
   t.same(c.egress, { noProxy: [] })
+})
+
+t.test('nothing below src/cli.ts reads the environment: cli.ts hands process.env to loadConfig and loadInjectConfig', async t => {
+  const src = fileURLToPath(new URL('../../src/', import.meta.url))
+  const modules = readdirSync(src, { recursive: true, encoding: 'utf8' }).filter(f => f.endsWith('.ts') && f !== 'cli.ts')
+  t.ok(modules.length > 50, `${modules.length} modules read`)
+  for (const file of modules) {
+    // Code only: a comment may say where the environment comes from.
+    const code = readFileSync(join(src, file), 'utf8').split('\n').filter(line => !/^\s*(\/\/|\*|\/\*)/.test(line)).join('\n')
+    t.notMatch(code, /\bprocess\.env\b|\bprocess\[['"]env['"]\]/, file)
+  }
+  t.match(readFileSync(join(src, 'cli.ts'), 'utf8'), /loadInjectConfig\(process\.env,/, 'cli.ts does')
 })
