@@ -2,7 +2,7 @@
 // into the injector's ConfigMap (COS_INJECT_SIDECAR_FILE, read and checked by
 // template.ts; without the chart, examples/injector/ ships the rendered
 // default), adjusted per pod here (personalize) and nowhere else built: a new
-// field of the sidecar goes into the chart's templates (_sidecar.tpl) only.
+// field of the sidecar goes into the chart's _container.tpl only.
 // What a pod's own ConfigMap may tune, and what it may not, is decided here.
 import { VARIABLES } from '../config/config.js'
 
