@@ -21,8 +21,6 @@ export interface ServingCertificateOptions {
   readonly logger: FastifyBaseLogger
   /** The poll: how often the files are read besides the directory's events. Default 1 s. */
   readonly certificateCheckMs?: number
-  /** false: the poll only (tests). */
-  readonly events?: boolean
 }
 
 export interface CertificatePair { readonly cert: string, readonly key: string }
@@ -75,7 +73,6 @@ export class ServingCertificate {
       closed: undefined,
       pollMs: opts.certificateCheckMs ?? 1000,
       logger,
-      ...(opts.events === undefined ? {} : { events: opts.events }),
     })
   }
 

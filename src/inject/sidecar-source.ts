@@ -21,8 +21,6 @@ export interface SidecarSourceOptions {
   readonly logger: FastifyBaseLogger
   /** Read again this often too, in case an event is missed (some volume types send none). Default 10 s. */
   readonly pollMs?: number
-  /** false: the poll only (tests). */
-  readonly events?: boolean
 }
 
 /** A ConfigMap holds at most 1 MiB; the definition is a few KiB. */
@@ -46,7 +44,6 @@ export class SidecarSource {
       closed: undefined,
       pollMs: opts.pollMs ?? 10_000,
       logger: opts.logger,
-      ...(opts.events === undefined ? {} : { events: opts.events }),
     })
   }
 
