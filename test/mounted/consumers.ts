@@ -15,9 +15,9 @@ import type { Test } from 'tap'
 import { loadConfig } from '../../src/config/config.js'
 import { CredentialWatcher } from '../../src/credentials/credential-watcher.js'
 import { CredentialStore } from '../../src/credentials/credentials.js'
+import { ServingCertificate } from '../../src/mounted/serving-certificate.js'
 import { readSidecarSettings } from '../../src/inject/config.js'
 import { InjectMetrics } from '../../src/inject/metrics.js'
-import { ServingCertificate } from '../../src/inject/serving-certificate.js'
 import { SidecarSource } from '../../src/inject/sidecar-source.js'
 import { createLogger } from '../../src/observability/logger.js'
 import { HeaderMinter, secretKey } from '../../src/token/token.js'
@@ -132,7 +132,7 @@ const certificate = (t: Test): Consumer => ({
   reportedAs: /^serving certificate (on disk is not usable|files not readable)/,
   start: async (t, dir, pollMs, logs) => {
     const logger = createLogger('debug', logs)
-    const served = await ServingCertificate.read({ tls: { certFile: `${dir}/tls.crt`, keyFile: `${dir}/tls.key` }, metrics: new InjectMetrics({ defaultMetrics: false }), logger, certificateCheckMs: pollMs })
+    const served = await ServingCertificate.read({ files: { certFile: `${dir}/tls.crt`, keyFile: `${dir}/tls.key` }, variables: ['COS_INJECT_TLS_CERT_FILE', 'COS_INJECT_TLS_KEY_FILE'], pollMs, logger, onReload: () => undefined })
     const app = Fastify<HttpsServer>({ https: { ...served.pair }, loggerInstance: logger })
     served.follow(app)
     await app.listen({ host: '127.0.0.1', port: 0 })

@@ -1,26 +1,29 @@
-// The webhook's serving certificate, re-read from disk when it changes
-// (cert-manager renews it in place; a Kubernetes Secret volume swaps the
-// files through `..data`). The watching is the mounted-file watcher's
-// (src/mounted/mounted-files.ts: the directory watched, a pair written one
-// file at a time settled, a poll every second as well, unchanged bytes not
-// parsed again); this module says what a usable pair is and what a change is
-// logged and counted as. A pair that does not make a TLS context keeps the
-// one served, with one warning and one count per bad content.
+// A TLS server's certificate and key, followed on disk (cert-manager renews
+// them in place; a Kubernetes Secret volume swaps them through `..data`): the
+// webhook's serving certificate, and any HTTPS listener's after it. A
+// consumer of the mounted-file watcher (mounted-files.ts: the directory
+// watched, a pair written one file at a time settled, a poll as well,
+// unchanged bytes not parsed again); this module says what a usable pair is
+// (one Node can build a TLS context from) and logs a change. A pair that does
+// not make a TLS context keeps the one served, with one warning and one
+// count per bad content.
 import type { Server as HttpsServer } from 'node:https'
 import { createSecureContext } from 'node:tls'
 import type { FastifyBaseLogger, FastifyInstance } from 'fastify'
 import { ConfigError } from '../config/config.js'
-import { MountedFiles, type MountedOutcome, type Parsed } from '../mounted/mounted-files.js'
-import type { InjectMetrics } from './metrics.js'
+import { MountedFiles, type MountedOutcome, type Parsed } from './mounted-files.js'
 
 export interface CertificateFiles { readonly certFile: string, readonly keyFile: string }
 
 export interface ServingCertificateOptions {
-  readonly tls: CertificateFiles
-  readonly metrics: InjectMetrics
+  readonly files: CertificateFiles
+  /** The settings naming the two files, for errors: [certificate, key]. */
+  readonly variables: readonly [string, string]
+  /** The poll: how often the files are read besides their directory's events. */
+  readonly pollMs: number
   readonly logger: FastifyBaseLogger
-  /** The poll: how often the files are read besides the directory's events. Default 1 s. */
-  readonly certificateCheckMs?: number
+  /** Told of each reload after the first read (metrics): a new pair served, or a bad one refused. */
+  readonly onReload: (result: 'applied' | 'rejected') => void
 }
 
 export interface CertificatePair { readonly cert: string, readonly key: string }
@@ -34,11 +37,11 @@ export class ServingCertificate {
   readonly #files: MountedFiles<CertificatePair, MountedOutcome<CertificatePair> | undefined>
 
   private constructor (opts: ServingCertificateOptions) {
-    const { metrics, logger } = opts
+    const { logger, variables: [certVariable, keyVariable] } = opts
     this.#files = new MountedFiles({
       files: [
-        { path: opts.tls.certFile, variable: 'COS_INJECT_TLS_CERT_FILE', maxBytes: CERTIFICATE_FILE_MAX_BYTES },
-        { path: opts.tls.keyFile, variable: 'COS_INJECT_TLS_KEY_FILE', maxBytes: CERTIFICATE_FILE_MAX_BYTES },
+        { path: opts.files.certFile, variable: certVariable, maxBytes: CERTIFICATE_FILE_MAX_BYTES },
+        { path: opts.files.keyFile, variable: keyVariable, maxBytes: CERTIFICATE_FILE_MAX_BYTES },
       ],
       what: 'serving certificate',
       parse: ([cert = '', key = '']): Parsed<CertificatePair> => {
@@ -48,7 +51,7 @@ export class ServingCertificate {
           return { ok: true, value: { cert, key } }
         } catch (err) {
           // OpenSSL's reason ("key values mismatch"), never the PEM.
-          return { ok: false, variable: 'COS_INJECT_TLS_CERT_FILE and COS_INJECT_TLS_KEY_FILE', problem: (err as Error).message }
+          return { ok: false, variable: `${certVariable} and ${keyVariable}`, problem: (err as Error).message }
         }
       },
       apply: pair => {
@@ -59,10 +62,10 @@ export class ServingCertificate {
         // The first read is not a reload.
         if (this.#server === undefined) return o
         if (o.result === 'applied') {
-          metrics.certificateReload('applied')
+          opts.onReload('applied')
           logger.info('serving certificate reloaded')
         } else if (o.result === 'rejected' && !o.repeated) {
-          metrics.certificateReload('rejected')
+          opts.onReload('rejected')
           logger.warn({ problem: o.problem }, 'serving certificate on disk is not usable: still serving the previous one')
         } else if (o.result === 'unreadable' && !o.repeated) {
           // Mid-swap, or gone: the next event or poll reads it again.
@@ -71,12 +74,12 @@ export class ServingCertificate {
         return o
       },
       closed: undefined,
-      pollMs: opts.certificateCheckMs ?? 1000,
+      pollMs: opts.pollMs,
       logger,
     })
   }
 
-  /** Reads the pair the webhook starts with: ConfigError, naming the file, if it cannot be served. */
+  /** Reads the pair a server starts with: ConfigError, naming the file, if it cannot be served. */
   static async read (opts: ServingCertificateOptions): Promise<ServingCertificate> {
     const certificate = new ServingCertificate(opts)
     const first = await certificate.#files.reload()
