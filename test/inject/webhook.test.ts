@@ -2,7 +2,6 @@
 // and validated), malformed reviews, the certificate swapped on disk, an
 // untrusted client; and the `inject` command as a process.
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
-import { request as httpsRequest } from 'node:https'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
@@ -10,7 +9,7 @@ import { pino } from 'pino'
 import t, { type Test } from 'tap'
 import { run, start } from '../support/cli-process.js'
 import { makePki, type Pki } from '../support/tls-fixtures.js'
-import { startTestWebhook, type TestWebhook } from '../support/webhook.js'
+import { postToWebhook, startTestWebhook, type TestWebhook } from '../support/webhook.js'
 import { appPod, applyResponsePatch, chartPod, EXAMPLE_SIDECAR_FILE, podReview } from './pods.js'
 
 type Json = Record<string, unknown>
@@ -35,18 +34,8 @@ async function startWebhook (t: Test, files: { certFile: string, keyFile: string
 interface Answer { status: number, body: string }
 
 /** One POST on a new connection (agent: false), trusting `ca` only. */
-function post (port: number, ca: string, body: string, path = '/mutate'): Promise<Answer> {
-  return new Promise((resolve, reject) => {
-    const req = httpsRequest({ host: '127.0.0.1', port, path, method: 'POST', ca, agent: false, headers: { 'content-type': 'application/json' }, timeout: 5000 }, res => {
-      let text = ''
-      res.setEncoding('utf8')
-      res.on('data', (d: string) => { text += d })
-      res.on('end', () => { resolve({ status: res.statusCode ?? 0, body: text }) })
-    })
-    req.on('error', reject)
-    req.on('timeout', () => req.destroy(new Error('timeout')))
-    req.end(body)
-  })
+async function post (port: number, ca: string, body: string, path = '/mutate'): Promise<Answer> {
+  return await postToWebhook(port, ca, body, { path, timeoutMs: 5000 })
 }
 
 interface Response { uid: string, allowed: boolean, patchType?: string, patch?: string, status?: { message: string }, warnings?: string[] }

@@ -8,7 +8,6 @@
 // reads is always answered), and the built CLI under the image's flags holds
 // the attack as found (its peak RSS printed).
 import { readFileSync } from 'node:fs'
-import { request as httpsRequest } from 'node:https'
 import { join } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
 import t, { type Test } from 'tap'
@@ -20,7 +19,7 @@ import { start } from '../support/cli-process.js'
 import { until } from '../support/helpers.js'
 import { scaled } from '../support/time-scale.js'
 import { makePki } from '../support/tls-fixtures.js'
-import { startTestWebhook, type TestWebhook } from '../support/webhook.js'
+import { postToWebhook, startTestWebhook, type TestWebhook } from '../support/webhook.js'
 import { appPod, applyResponsePatch, podReview } from '../inject/pods.js'
 
 const MiB = 1024 * 1024
@@ -38,18 +37,8 @@ async function startWebhook (t: Test, limits: Partial<WebhookLimits> = {}): Prom
 interface Answer { status: number, body: string }
 
 /** A POST on its own connection, read whole. */
-function post (port: number, body: string): Promise<Answer> {
-  return new Promise((resolve, reject) => {
-    const req = httpsRequest({ host: '127.0.0.1', port, path: '/mutate', method: 'POST', ca: pki.ca, agent: false, headers: { 'content-type': 'application/json' }, timeout: scaled(20_000) }, res => {
-      let text = ''
-      res.setEncoding('utf8')
-      res.on('data', (d: string) => { text += d })
-      res.on('end', () => { resolve({ status: res.statusCode ?? 0, body: text }) })
-    })
-    req.on('error', reject)
-    req.on('timeout', () => req.destroy(new Error('timeout')))
-    req.end(body)
-  })
+async function post (port: number, body: string): Promise<Answer> {
+  return await postToWebhook(port, pki.ca, body, { timeoutMs: scaled(20_000) })
 }
 
 /** Resumes a paused attacker and reads until the server closes the connection or `ms` pass: the bytes received. */

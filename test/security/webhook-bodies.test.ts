@@ -7,7 +7,7 @@
 // with distinct keys (the costliest per byte) are bounded too, and the
 // costliest body the scan lets through is measured.
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
-import { Agent, request as httpsRequest } from 'node:https'
+import { Agent } from 'node:https'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { getHeapStatistics, setFlagsFromString } from 'node:v8'
@@ -15,7 +15,7 @@ import { runInNewContext } from 'node:vm'
 import t, { type Test } from 'tap'
 import { jsonShapeProblem, REVIEW_LIMITS } from '../../src/inject/limits.js'
 import { makePki } from '../support/tls-fixtures.js'
-import { startTestWebhook, type TestWebhook } from '../support/webhook.js'
+import { postToWebhook, startTestWebhook, type TestWebhook } from '../support/webhook.js'
 import { appPod, applyResponsePatch, costliestReview, podReview } from '../inject/pods.js'
 
 type Json = Record<string, unknown>
@@ -33,19 +33,10 @@ async function startWebhook (t: Test): Promise<TestWebhook> {
 interface Answer { status: number, body: string, ms: number }
 
 /** One POST, on a new connection unless `agent` keeps one; the answer and how long it took. */
-function post (port: number, body: string, agent: Agent | false = false): Promise<Answer> {
+async function post (port: number, body: string, agent: Agent | false = false): Promise<Answer> {
   const started = performance.now()
-  return new Promise((resolve, reject) => {
-    const req = httpsRequest({ host: '127.0.0.1', port, path: '/mutate', method: 'POST', ca: pki.ca, agent, headers: { 'content-type': 'application/json' }, timeout: 30_000 }, res => {
-      let text = ''
-      res.setEncoding('utf8')
-      res.on('data', (d: string) => { text += d })
-      res.on('end', () => { resolve({ status: res.statusCode ?? 0, body: text, ms: performance.now() - started }) })
-    })
-    req.on('error', reject)
-    req.on('timeout', () => req.destroy(new Error('timeout')))
-    req.end(body)
-  })
+  const answer = await postToWebhook(port, pki.ca, body, { timeoutMs: 30_000, agent })
+  return { ...answer, ms: performance.now() - started }
 }
 
 function errorOf (answer: Answer): { code: string, message: string } {

@@ -8,7 +8,6 @@
 // that does not read; and the built CLI under the image's flags under the
 // attack as found (its peak RSS printed).
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
-import { request as httpsRequest } from 'node:https'
 import { connect as netConnect, type Socket } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
@@ -24,7 +23,7 @@ import { start } from '../support/cli-process.js'
 import { LogCapture, until } from '../support/helpers.js'
 import { scaled } from '../support/time-scale.js'
 import { makePki } from '../support/tls-fixtures.js'
-import { startTestWebhook, type TestWebhook } from '../support/webhook.js'
+import { postToWebhook, startTestWebhook, type TestWebhook } from '../support/webhook.js'
 import { appPod, costliestReview, EXAMPLE_SETTINGS, EXAMPLE_SIDECAR_FILE, podReview } from '../inject/pods.js'
 
 const MiB = 1024 * 1024
@@ -85,18 +84,8 @@ function chunk (data: Buffer | string): string {
 }
 
 /** A POST on its own connection through node:https; status and body. */
-function post (port: number, body: string): Promise<{ status: number, body: string }> {
-  return new Promise((resolve, reject) => {
-    const req = httpsRequest({ host: '127.0.0.1', port, path: '/mutate', method: 'POST', ca: pki.ca, agent: false, headers: { 'content-type': 'application/json' }, timeout: scaled(10_000) }, res => {
-      let text = ''
-      res.setEncoding('utf8')
-      res.on('data', (d: string) => { text += d })
-      res.on('end', () => { resolve({ status: res.statusCode ?? 0, body: text }) })
-    })
-    req.on('error', reject)
-    req.on('timeout', () => req.destroy(new Error('timeout')))
-    req.end(body)
-  })
+async function post (port: number, body: string): Promise<{ status: number, body: string }> {
+  return await postToWebhook(port, pki.ca, body, { timeoutMs: scaled(10_000) })
 }
 
 const REVIEW = JSON.stringify(podReview(appPod()))

@@ -1,8 +1,8 @@
 // The real webhook server (buildWebhookServer) listening on 127.0.0.1 for one
 // test: the example sidecar, metrics of its own, a logger into a LogCapture
 // unless one is given, its limits and budgets as the test sets them;
-// stopped with the test (its connections cut first).
-import type { Server as HttpsServer } from 'node:https'
+// stopped with the test (its connections cut first); and one POST to it.
+import { request as httpsRequest, type Agent, type Server as HttpsServer } from 'node:https'
 import type { FastifyBaseLogger } from 'fastify'
 import type { Test } from 'tap'
 import type { ByteBudget } from '../../src/client/bytes-in-flight.js'
@@ -51,4 +51,21 @@ export async function startTestWebhook (t: Test, opts: TestWebhookOptions): Prom
   })
   const connections = (): Promise<number> => new Promise((resolve, reject) => { app.server.getConnections((err, n) => { if (err === null) resolve(n); else reject(err) }) })
   return { port: (app.server.address() as { port: number }).port, server: app.server, metrics, logs, connections }
+}
+
+export interface WebhookAnswer { status: number, body: string }
+
+/** One POST to the webhook, trusting `ca` only, on a new connection unless `agent` keeps one: status and body, read whole. */
+export function postToWebhook (port: number, ca: string, body: string, opts: { readonly path?: string, readonly timeoutMs: number, readonly agent?: Agent | false }): Promise<WebhookAnswer> {
+  return new Promise((resolve, reject) => {
+    const req = httpsRequest({ host: '127.0.0.1', port, path: opts.path ?? '/mutate', method: 'POST', ca, agent: opts.agent ?? false, headers: { 'content-type': 'application/json' }, timeout: opts.timeoutMs }, res => {
+      let text = ''
+      res.setEncoding('utf8')
+      res.on('data', (d: string) => { text += d })
+      res.on('end', () => { resolve({ status: res.statusCode ?? 0, body: text }) })
+    })
+    req.on('error', reject)
+    req.on('timeout', () => req.destroy(new Error('timeout')))
+    req.end(body)
+  })
 }
