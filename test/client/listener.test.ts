@@ -38,6 +38,11 @@ function withConnections (policy: ListenerPolicy, connections: Partial<Connectio
   return { ...policy, ...deadlines, connections: { ...policy.connections, ...connections } }
 }
 
+/** The listener's server, HTTPS with the test's certificate for the webhook. */
+function build (listener: Listener, policy: ListenerPolicy, handler: (req: IncomingMessage, res: ServerResponse) => void): Server {
+  return listener.tls ? listenerServer(policy, { cert: pki.serverCert, key: pki.serverKey })(handler) : listenerServer(policy)(handler)
+}
+
 interface Served { readonly server: Server, readonly port: number, readonly held: () => number, readonly release: () => void }
 
 /**
@@ -56,8 +61,7 @@ async function serve (t: Test, listener: Listener, policy = listener.policy): Pr
     if (req.url === '/now') res.end('now')
     else held.push(res)
   }
-  const factory = listener.tls ? listenerServer(policy, { cert: pki.serverCert, key: pki.serverKey }) : listenerServer(policy)
-  const server = factory(handler) as Server
+  const server = build(listener, policy, handler)
   const port = await listenOnLoopback(server)
   const release = (): void => { for (const res of held.splice(0)) res.end('done') }
   t.teardown(() => new Promise<void>(resolve => { release(); server.closeAllConnections(); server.close(() => resolve()) }))
@@ -188,3 +192,21 @@ t.test('webhook listener: a TLS handshake never finished cannot hold the connect
   t.teardown(() => { tcp.destroy() })
   t.ok(await Promise.race([closed, sleep(scaled(5000)).then(() => false)]), 'closed without a byte sent (Node\'s default would hold it 120 s)')
 })
+
+for (const listener of LISTENERS) {
+  t.test(`${listener.name} listener: requests pipelined behind one whose client leaves are closed with the connection, each once, whatever logs them`, async t => {
+    const closes: number[] = []
+    const server = build(listener, listener.policy, (_req, res) => {
+      const at = closes.push(0) - 1
+      res.on('close', () => { closes[at] = (closes[at] ?? 0) + 1 })
+    })
+    const port = await listenOnLoopback(server)
+    t.teardown(() => new Promise<void>(resolve => { server.closeAllConnections(); server.close(() => resolve()) }))
+    const c = await client(listener, port, GET().repeat(3))
+    t.ok(await until(() => closes.length === 3), 'three requests reached the handler, two queued behind the first')
+    c.socket.destroy()
+    t.ok(await until(() => closes.every(n => n > 0)), 'every response closed with its connection, the queued ones included')
+    await sleep(50)
+    t.same(closes, [1, 1, 1], 'each once')
+  })
+}
