@@ -51,6 +51,15 @@ function probe (t: Test, paths: readonly string[], opts: { readonly apply?: (v: 
   return { files, outcomes, applied, parses: () => parses, logs }
 }
 
+/** A file holding 'one', and a probe on it that has applied it. */
+async function onOne (t: Test, name: string, opts: Parameters<typeof probe>[2] = {}): Promise<{ readonly file: string, readonly p: Probe }> {
+  const file = join(dir(name), 'value')
+  writeFileSync(file, 'one')
+  const p = probe(t, [file], opts)
+  t.same(await p.files.start(), { result: 'applied', value: 'one' }, 'the first read applied')
+  return { file, p }
+}
+
 function dir (name: string): string {
   const d = join(tmp, name)
   mkdirSync(d, { recursive: true })
@@ -68,10 +77,7 @@ t.test('bytes already in force are not parsed again, and a first read that agree
 })
 
 t.test('a refused content is parsed once and reported as repeated after that; the value in force stays', async t => {
-  const file = join(dir('repeated'), 'value')
-  writeFileSync(file, 'one')
-  const p = probe(t, [file])
-  await p.files.start()
+  const { file, p } = await onOne(t, 'repeated')
   writeFileSync(file, 'bad')
   t.match(await p.files.reload(), { result: 'rejected', variable: 'TEST_FILE_0', problem: 'is not a good value', repeated: false })
   t.match(await p.files.reload(), { result: 'rejected', repeated: true })
@@ -82,10 +88,7 @@ t.test('a refused content is parsed once and reported as repeated after that; th
 })
 
 t.test('a value apply throws on is refused, and the previous one stays in force', async t => {
-  const file = join(dir('apply'), 'value')
-  writeFileSync(file, 'one')
-  const p = probe(t, [file], { apply: v => { if (v === 'two') throw new Error('the server would not take it') } })
-  await p.files.start()
+  const { file, p } = await onOne(t, 'apply', { apply: v => { if (v === 'two') throw new Error('the server would not take it') } })
   writeFileSync(file, 'two')
   t.match(await p.files.reload(), { result: 'rejected', problem: 'the server would not take it', repeated: false })
   writeFileSync(file, 'one')
@@ -93,10 +96,7 @@ t.test('a value apply throws on is refused, and the previous one stays in force'
 })
 
 t.test('a file that keeps changing while it is read is not taken: unreadable, the value in force stays', async t => {
-  const file = join(dir('changing'), 'value')
-  writeFileSync(file, 'one')
-  const p = probe(t, [file])
-  await p.files.start()
+  const { file, p } = await onOne(t, 'changing')
   let i = 0
   writeFileSync(file, 'v0')
   const writer = setInterval(() => { writeFileSync(file, `v${++i}`) }, 10)
@@ -108,10 +108,7 @@ t.test('a file that keeps changing while it is read is not taken: unreadable, th
 })
 
 t.test('a file truncated then written is settled past: the whole new content, never the empty one', async t => {
-  const file = join(dir('truncate'), 'value')
-  writeFileSync(file, 'one')
-  const p = probe(t, [file])
-  await p.files.start()
+  const { file, p } = await onOne(t, 'truncate')
   truncateSync(file, 0)
   const look = p.files.reload()
   setTimeout(() => { writeFileSync(file, 'two') }, 20)
@@ -144,10 +141,7 @@ t.test('no secret in an outcome or a log line: files refused unread, missing, un
 })
 
 t.test('close(): nothing is reported after it, and a reload resolves at once', async t => {
-  const file = join(dir('close'), 'value')
-  writeFileSync(file, 'one')
-  const p = probe(t, [file], { pollMs: 20 })
-  await p.files.start()
+  const { file, p } = await onOne(t, 'close', { pollMs: 20 })
   p.files.close()
   p.files.close()
   const count = p.outcomes.length
