@@ -17,8 +17,8 @@ import { envPatchEstimate, jsonShapeProblem, LARGE_BODY, limitInFlight, REVIEW_L
 import { createLogger, inLogFormat, stdoutDestination } from '../observability/logger.js'
 import type { InjectConfig } from './config.js'
 import { InjectMetrics } from './metrics.js'
-import { ServingCertificate, type CertificateFiles } from './serving-certificate.js'
 import { SidecarSource } from './sidecar-source.js'
+import { ServingCertificate, type CertificateFiles } from '../mounted/serving-certificate.js'
 import { answerReview, MalformedReview, type InjectSettings, type ReviewAnswer } from './patch.js'
 
 export type { CertificateFiles }
@@ -46,7 +46,7 @@ class RefusedBody extends Error {
 export async function buildWebhookServer (opts: WebhookOptions): Promise<FastifyInstance<HttpsServer>> {
   const { metrics, settings } = opts
   const limits = { ...WEBHOOK_LIMITS, ...opts.limits }
-  const certificate = await ServingCertificate.read(opts)
+  const certificate = await ServingCertificate.read({ files: opts.tls, variables: ['COS_INJECT_TLS_CERT_FILE', 'COS_INJECT_TLS_KEY_FILE'], pollMs: opts.certificateCheckMs ?? 1000, logger: opts.logger, onReload: result => { metrics.certificateReload(result) } })
   const tls = { ...certificate.pair, minVersion: 'TLSv1.2' } as const
   const app = Fastify<HttpsServer>({
     https: tls,
