@@ -77,8 +77,6 @@ export interface MountedFilesOptions<T, R> {
   readonly logger: FastifyBaseLogger
   /** Default READ_TIMEOUT_MS. */
   readonly readTimeoutMs?: number
-  /** false: the poll only, no directory watch (tests of the poll fallback). Default true. */
-  readonly events?: boolean
 }
 
 export const SETTLE_MS = 50
@@ -113,8 +111,7 @@ export class MountedFiles<T, R> {
   constructor (opts: MountedFilesOptions<T, R>) {
     this.#opts = opts
     this.#allVariables = [...new Set(opts.files.map(f => f.variable))].join(' and ')
-    const watched = opts.files.length > 0 && opts.events !== false
-    this.#dirs = watched ? new DirectoryWatch(opts.files.map(f => f.path), opts.what, opts.logger, () => { this.#tick() }) : undefined
+    this.#dirs = opts.files.length > 0 ? new DirectoryWatch(opts.files.map(f => f.path), opts.what, opts.logger, () => { this.#tick() }) : undefined
   }
 
   /** The first look, and watching from then on (a change made during the first read is not missed). */
