@@ -59,11 +59,6 @@ export class DirectoryWatch {
     }
   }
 
-  /** How many directories are watched now (tests). */
-  get watching (): number {
-    return this.#watched.size
-  }
-
   close (): void {
     this.#closed = true
     clearTimeout(this.#debounce)
