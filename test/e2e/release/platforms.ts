@@ -199,7 +199,7 @@ async function arm64Runs (root: string, env: NodeJS.ProcessEnv, work: string): P
     ok(!`${logs.proxy}${logs.mock}`.includes(secret), 'linux/arm64: the secret is in neither process\'s output')
     const exited = proxy.exitCode !== null ? Promise.resolve(proxy.exitCode) : new Promise<number | null>(resolve => proxy.once('exit', c => { resolve(c) }))
     proxy.kill('SIGTERM')
-    const code = await Promise.race([exited, sleep(scaled(30_000)).then(() => 'timeout' as const)])
+    const code = await Promise.race([exited, sleep(scaled(30_000), undefined, { ref: false }).then(() => 'timeout' as const)]) // unref'd: the race's loser must not hold the run open
     ok(code === 0, `linux/arm64: SIGTERM: drained and exited ${String(code)}`, logs.proxy.slice(-800))
   } finally {
     for (const child of children) if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL')
