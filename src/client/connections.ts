@@ -187,8 +187,7 @@ function admit (counts: Counts, req: IncomingMessage, res: ServerResponse): bool
   const socket = req.socket as HttpSocket
   if (counts.policy.beyondBound === 'close') {
     if (socket.destroyed) return false
-    const queued = socket[QUEUED]
-    if (queued !== undefined && beyond(queued, 1)) {
+    if (beyond(counts, socket[QUEUED]?.responses.length ?? 0, 1)) {
       socket.destroy()
       ;(socket as { _parent?: Socket | null })._parent?.destroy()
       return false
@@ -225,10 +224,9 @@ function closeWithConnection (counts: Counts, socket: HttpSocket, res: ServerRes
   })
 }
 
-/** Whether `ahead` more requests (0: this one, queued already) pass a bound. */
-function beyond (queued: Queue, ahead: number): boolean {
-  const { listener } = queued
-  return queued.responses.length + ahead >= listener.policy.pipelinedPerConnection || listener.waiting + ahead > listener.policy.pipelinedPerListener
+/** Whether `queued` responses on a connection and `ahead` more (0: this one, queued already) pass a bound. */
+function beyond (counts: Counts, queued: number, ahead: number): boolean {
+  return queued + ahead >= counts.policy.pipelinedPerConnection || counts.waiting + ahead > counts.policy.pipelinedPerListener
 }
 
 /** How many requests wait behind another on the connections of `server` now. */
@@ -245,7 +243,7 @@ export function pipelinedWaiting (server: object): number {
 export function pipelinedBeyondBound (res: ServerResponse): boolean {
   if (res.socket !== null) return false
   const queued = (res.req.socket as HttpSocket)[QUEUED]
-  return queued !== undefined && beyond(queued, 0)
+  return queued !== undefined && beyond(queued.listener, queued.responses.length, 0)
 }
 
 function closeQueued (this: HttpSocket): void {
