@@ -8,6 +8,7 @@ import { setTimeout as sleep } from 'node:timers/promises'
 import { pino } from 'pino'
 import t, { type Test } from 'tap'
 import { run, start } from '../support/cli-process.js'
+import { scaled } from '../support/time-scale.js'
 import { makePki, type Pki } from '../support/tls-fixtures.js'
 import { postToWebhook, startTestWebhook, type TestWebhook } from '../support/webhook.js'
 import { appPod, applyResponsePatch, chartPod, EXAMPLE_SIDECAR_FILE, podReview } from './pods.js'
@@ -221,4 +222,18 @@ t.test('`inject` serves reviews, its admin port answers /readyz and /metrics, an
   const lines = daemon.stdout().split('\n').filter(l => l !== '').map(l => JSON.parse(l) as { msg: string })
   t.ok(lines.some(l => l.msg === 'sidecar injected'), 'JSON log line for the injection')
   t.ok(lines.some(l => l.msg === 'stopped'))
+})
+
+t.test('`inject` shares serve\'s lifecycle: POST /quitquitquit turns readiness 503 draining, the webhook drains and the process exits 0', async t => {
+  const files = certDir(first)
+  t.teardown(() => rmSync(files.dir, { recursive: true, force: true }))
+  const { daemon, match } = await start(['inject'], { ...INJECT_ENV(files), COS_SHUTDOWN_DELAY_MS: String(scaled(1000)), COS_SHUTDOWN_TIMEOUT_MS: '2000' }, /"port":(\d+),"admin":\{"address":"[^"]+","port":(\d+)\}.*injection webhook listening/)
+  t.teardown(() => { daemon.child.kill('SIGKILL') })
+  const [, , adminPort] = match
+  t.equal((await fetch(`http://127.0.0.1:${adminPort}/quitquitquit`, { method: 'POST' })).status, 202)
+  const ready = await fetch(`http://127.0.0.1:${adminPort}/readyz`)
+  t.equal(ready.status, 503, 'not ready once the drain began')
+  t.match(await ready.json(), { reason: 'draining' })
+  t.equal(await daemon.exited, 0, 'exits 0 after the drain')
+  t.ok(daemon.stdout().split('\n').some(l => l.includes('"msg":"stopped"')), 'the drain ran to its end')
 })
