@@ -74,9 +74,9 @@ export async function injectorAndLooper (x: Context): Promise<void> {
       '--set', `upstream.managementUrl=${x.upstream.url}/management`, '--set', `upstream.optimizeUrl=${x.upstream.url}/optimize`,
       '--set', 'injector.enabled=true', '--set', 'injector.defaultSecret=cos-credentials', '--wait', '--timeout', '180s'])
     if (!ok(r.code === 0, `helm install ${RELEASE} --set injector.enabled=true --wait (${seconds(t)})`, r.stderr.trim())) return
-    const ready = readyOf(await k.find(`/apis/apps/v1/namespaces/${SYSTEM}/deployments/${INJECTOR}`))
+    const ready = readyOf(await k.find(`/apis/apps/v1/namespaces/${SYSTEM}/deployments/${INJECTOR}`).catch(() => undefined))
     ok(ready === '2/2', `the injector's Deployment: ${ready} replicas ready (its probes passing)`)
-    const mwc = (await k.find(`/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/${INJECTOR}`) ?? { webhooks: [] }) as unknown as
+    const mwc = (await k.find(`/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/${INJECTOR}`).catch(() => undefined) ?? { webhooks: [] }) as unknown as
       { webhooks: Array<{ clientConfig: { url?: string, service?: { name: string, namespace: string, port?: number }, caBundle?: string } }> }
     const cc = mwc.webhooks[0]?.clientConfig
     ok(cc?.service?.name === INJECTOR && cc.service.namespace === SYSTEM && cc.url === undefined && (cc.caBundle ?? '').length > 0,

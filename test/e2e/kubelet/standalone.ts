@@ -17,10 +17,10 @@ export async function standalone (x: Context): Promise<void> {
       '--set', 'credentials.existingSecret=cos-credentials', '--set', 'proxy.allowFrom={10.88.0.0/16}', '--wait', '--timeout', '180s'])
     if (!ok(r.code === 0, `helm install cos-auth-proxy --set mode=deployment --wait (${seconds(t)})`, r.stderr.trim())) return
     const k = x.cluster
-    const ready = readyOf(await k.find(`/apis/apps/v1/namespaces/${APPS}/deployments/cos-auth-proxy`))
+    const ready = readyOf(await k.find(`/apis/apps/v1/namespaces/${APPS}/deployments/cos-auth-proxy`).catch(() => undefined))
     ok(/^(\d+)\/\1$/.test(ready), `Deployment cos-auth-proxy: ${ready} replicas ready`)
-    const ip = str(await k.find(`/api/v1/namespaces/${APPS}/services/cos-auth-proxy`), 'spec', 'clusterIP') ?? ''
-    const slices = await k.items(`/apis/discovery.k8s.io/v1/namespaces/${APPS}/endpointslices?labelSelector=${encodeURIComponent('kubernetes.io/service-name=cos-auth-proxy')}`)
+    const ip = str(await k.find(`/api/v1/namespaces/${APPS}/services/cos-auth-proxy`).catch(() => undefined), 'spec', 'clusterIP') ?? ''
+    const slices = await k.items(`/apis/discovery.k8s.io/v1/namespaces/${APPS}/endpointslices?labelSelector=${encodeURIComponent('kubernetes.io/service-name=cos-auth-proxy')}`).catch(() => [])
     const endpoints = slices.flatMap(s => list(s, 'endpoints').flatMap(e => str(e, 'addresses', 0) ?? []))
     ok(endpoints.length >= 1, `Service cos-auth-proxy at ${ip}:8080, endpoints ${endpoints.join(', ')}`)
     // kube-proxy programs a new Service's rules on its next sync (seconds on a busy machine): until then
