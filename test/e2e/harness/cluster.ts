@@ -126,8 +126,56 @@ export class Cluster {
     return r.body as Json
   }
 
-  async remove (path: string): Promise<void> {
-    const r = await this.call('DELETE', path)
+  /** PUT: the whole object replaced (without a resourceVersion: unconditionally, as `kubectl replace`). */
+  async replace (path: string, object: unknown): Promise<Json> {
+    const r = await this.call('PUT', path, object)
+    if (r.status !== 200 && r.status !== 201) throw new Error(`PUT ${path}: ${r.status} ${r.text.slice(0, 500)}`)
+    return r.body as Json
+  }
+
+  /** Server-side apply of `object` at its own path (as `kubectl apply --server-side --force-conflicts`). */
+  async apply (path: string, object: unknown): Promise<Json> {
+    const r = await this.call('PATCH', `${path}?fieldManager=cos-e2e&force=true`, object, 'application/apply-patch+yaml')
+    if (r.status !== 200 && r.status !== 201) throw new Error(`apply ${path}: ${r.status} ${r.text.slice(0, 500)}`)
+    return r.body as Json
+  }
+
+  /** A GET's text that must succeed: a container's log, a node's metrics through the API server's proxy. */
+  async text (path: string): Promise<string> {
+    const r = await this.call('GET', path)
+    if (r.status !== 200) throw new Error(`GET ${path}: ${r.status} ${r.text.slice(0, 300)}`)
+    return r.text
+  }
+
+  /** A container's log (`kubectl logs POD -c CONTAINER`). */
+  log (ns: string, pod: string, container: string): Promise<string> {
+    return this.text(`/api/v1/namespaces/${ns}/pods/${pod}/log?container=${encodeURIComponent(container)}`)
+  }
+
+  /**
+   * A container's log followed (`kubectl logs -f`), kept as it comes until the API server ends
+   * it (the container stopped) or `stop`.
+   */
+  followLog (ns: string, pod: string, container: string): { text: () => string, ended: Promise<void>, stop: () => void } {
+    const out: string[] = []
+    const req = request(new URL(`/api/v1/namespaces/${ns}/pods/${pod}/log?container=${encodeURIComponent(container)}&follow=true`, this.url),
+      { method: 'GET', ...this.tls, headers: { ...this.auth } })
+    const ended = new Promise<void>(resolve => {
+      req.on('response', res => {
+        res.on('data', (c: Buffer) => { out.push(c.toString()) })
+        res.on('close', () => { resolve() })
+        res.on('error', () => { resolve() })
+      })
+      req.on('error', () => { resolve() })
+      req.on('close', () => { resolve() })
+    })
+    req.end()
+    return { text: () => out.join(''), ended, stop: () => { req.destroy() } }
+  }
+
+  /** DELETE; `options`: a DeleteOptions body ({ propagationPolicy: 'Foreground' }). A 404 is done. */
+  async remove (path: string, options?: unknown): Promise<void> {
+    const r = await this.call('DELETE', path, options)
     if (r.status !== 200 && r.status !== 202 && r.status !== 404) throw new Error(`DELETE ${path}: ${r.status} ${r.text.slice(0, 300)}`)
   }
 

@@ -1,7 +1,9 @@
 // Pods a kubelet runs (issue 34): the chart and the injector on a real one-node cluster
 // (scripts/kube-node.sh: containerd, the control plane, kubelet, kube-scheduler and
 // kube-proxy, all inside the network namespace the script makes), the project's image as the
-// sidecar, token-verifying upstreams inside that namespace. In order:
+// sidecar, token-verifying upstreams inside that namespace. The node's API server is relayed to
+// the host's loopback (node.ts's hostAccess): the checks read and write it with the harness's
+// cluster client and run helm on the host, both given that kubeconfig. In order:
 //   parent-chart.ts  the parent-chart example, native sidecar and plain container (proofs 1-2)
 //   injection.ts     the injector by helm behind its Service; an injected Deployment, a Job,
 //                    256 connections inside the memory limit, a delete with a request in flight
@@ -25,7 +27,7 @@ import { randomBytes } from 'node:crypto'
 import { createInterface } from 'node:readline'
 import { ok, section, suite } from '../harness/checks.js'
 import { ROOT, type Run, seconds, sh, until } from '../harness/processes.js'
-import { type Context, curlStatus, kubectl, NETNS, node, NODE_IP, type Pair, type Upstream } from './node.js'
+import { type Context, curlStatus, failure, type HostAccess, hostAccess, NETNS, node, NODE_IP, type Pair, secretOf, type Upstream } from './node.js'
 import { injectorAndLooper, jobCompletes, memoryLimit, rotation, termination } from './injection.js'
 import { parentChart } from './parent-chart.js'
 import { standalone } from './standalone.js'
@@ -80,12 +82,14 @@ function startUpstream (): { child: ChildProcess, upstream: Upstream } {
 let work = ''
 const children: ChildProcess[] = []
 let up = false
+let access: HostAccess | undefined
 let stopped = false
-/** Everything down (once): the upstreams, the node, the work directory, the app image. */
+/** Everything down (once): the upstreams, the API server's relay, the node, the work directory, the app image. */
 function stop (): Run | undefined {
   if (stopped) return undefined
   stopped = true
   for (const c of children) if (c.exitCode === null) c.kill('SIGTERM')
+  access?.relay.stop()
   const r = up ? node(['down'], 300_000) : undefined
   if (r !== undefined) console.log(`${r.stdout}${r.stderr}`.trim())
   if (work !== '') rmSync(work, { recursive: true, force: true })
@@ -152,6 +156,9 @@ async function setUp (): Promise<Context & { helmEnv: NodeJS.ProcessEnv }> {
   if (started.code !== 0) { up = false; throw new Error(`scripts/kube-node.sh up: exit ${started.code} (its output above)`) }
   console.log(`up in ${seconds(t1)}`)
   const runDir = /export COS_KUBE_NODE_RUN=(\S+)/.exec(started.stdout)?.[1] ?? ''
+  access = await hostAccess(runDir, work)
+  const { cluster, kubeconfig } = access
+  console.log(`the node's API server on the host: ${cluster.url} (${kubeconfig})`)
   // The upstreams, inside the namespace on the node's address (pods reach it through the
   // bridge): the product's mock API, verifying pair a, and test/e2e/kubelet/upstream.ts, which
   // accepts the pairs it is told to (a first).
@@ -162,14 +169,15 @@ async function setUp (): Promise<Context & { helmEnv: NodeJS.ProcessEnv }> {
   children.push(mock.child, upstreamChild)
   upstream.accept(pairs.a)
 
-  const helmEnv = { ...process.env, HELM_CONFIG_HOME: join(work, 'helm/config'), HELM_CACHE_HOME: join(work, 'helm/cache'), HELM_DATA_HOME: join(work, 'helm/data') }
+  const helmEnv = { ...process.env, KUBECONFIG: kubeconfig, HELM_CONFIG_HOME: join(work, 'helm/config'), HELM_CACHE_HOME: join(work, 'helm/cache'), HELM_DATA_HOME: join(work, 'helm/data') }
   const chart = join(work, 'helm/cos-auth-proxy')
   cpSync(join(ROOT, 'helm/cos-auth-proxy'), chart, { recursive: true })
   const [repository, tag] = [IMAGE.slice(0, IMAGE.lastIndexOf(':')), IMAGE.slice(IMAGE.lastIndexOf(':') + 1)]
   const x: Context = {
     work,
     runDir,
-    helm: args => sh('bash', [join(ROOT, 'scripts/kube-node.sh'), 'exec', HELM, ...args], { env: helmEnv, timeoutMs: 300_000 }),
+    cluster,
+    helm: args => sh(HELM, args, { env: helmEnv, timeoutMs: 300_000 }),
     chart,
     image: { repository, tag },
     appImage: APP_IMAGE,
@@ -179,8 +187,9 @@ async function setUp (): Promise<Context & { helmEnv: NodeJS.ProcessEnv }> {
     pairs,
   }
 
-  ok(kubectl('create', 'secret', 'generic', 'cos-credentials', `--from-file=access-key=${join(pairs.a.dir, 'access-key')}`,
-    `--from-file=access-key-secret=${join(pairs.a.dir, 'access-key-secret')}`).code === 0, 'Secret cos-credentials created (pair a)')
+  const secret = await failure(cluster.create('/api/v1/namespaces/default/secrets',
+    secretOf('cos-credentials', { 'access-key': join(pairs.a.dir, 'access-key'), 'access-key-secret': join(pairs.a.dir, 'access-key-secret') })))
+  ok(secret === '', 'Secret cos-credentials created (pair a)', secret)
   await until('the upstreams answering inside the namespace', 30_000, () =>
     curlStatus(`${x.mockUrl}/management/v1/clusters`) === '401' && curlStatus(`${upstream.url}/management/v1/clusters`) === '401' ? true : undefined, 1000)
   ok(true, `mock API (${x.mockUrl}) and the rotation upstream (${upstream.url}) inside ${NETNS} refuse a request without a token (401)`)

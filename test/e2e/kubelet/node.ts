@@ -1,10 +1,14 @@
-// The node of scripts/kube-node.sh, as the kubelet suite and the release's pod use it: commands
-// inside its network namespace (kubectl, helm, curl, by way of scripts/kube-node.sh exec) and
-// the parts of Pods the checks read.
-import { spawn } from 'node:child_process'
-import { readdirSync, readFileSync } from 'node:fs'
+// The node of scripts/kube-node.sh, as the kubelet suite and the release's pod use it: its API
+// server brought to the host's loopback (a relay, and a kubeconfig for it: the harness's one
+// cluster client and helm talk to it as to any cluster), commands inside its network namespace
+// (curl to pod and Service addresses, by way of scripts/kube-node.sh exec) and the parts of
+// Pods the checks read.
+import { readdirSync, readFileSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
-import { ROOT, sh, type Run } from '../harness/processes.js'
+import { parse, stringify } from 'yaml'
+import { Cluster, get, isObject, list, str } from '../harness/cluster.js'
+import { freePort, ROOT, sh, type Run } from '../harness/processes.js'
+import { type Relay, startRelay } from '../harness/relay.js'
 
 export const NODE_SCRIPT = join(ROOT, 'scripts/kube-node.sh')
 export const NETNS = process.env.COS_KUBE_NETNS ?? 'cos-kube-node'
@@ -15,10 +19,58 @@ export const node = (args: readonly string[], timeoutMs?: number): Run => sh('ba
 /** A command inside the namespace, KUBECONFIG set by kube-node.sh exec. */
 export const inNs = (args: readonly string[], opts: { timeoutMs?: number, input?: string, env?: NodeJS.ProcessEnv } = {}): Run =>
   sh('bash', [NODE_SCRIPT, 'exec', ...args], opts)
-export const kubectl = (...args: string[]): Run => inNs(['kubectl', ...args])
-/** kubectl apply of a manifest given as objects. */
-export const apply = (ns: string, ...objects: unknown[]): Run =>
-  inNs(['kubectl', '-n', ns, 'apply', '-f', '-'], { input: objects.map(o => JSON.stringify(o)).join('\n') })
+
+/** The node's API server on the host: the relay, a kubeconfig naming it and its client. */
+export interface HostAccess { readonly relay: Relay, readonly kubeconfig: string, readonly cluster: Cluster }
+
+/**
+ * The node's API server (127.0.0.1:PORT inside its namespace only, its certificate naming
+ * 127.0.0.1) relayed to a free port of the host's loopback, and `<dir>/node.kubeconfig`: the
+ * node's admin kubeconfig (kube-node.sh's <run>/cp/admin.kubeconfig: its CA, its client
+ * certificate) with that address as its server. The caller stops the relay.
+ */
+export async function hostAccess (runDir: string, dir: string): Promise<HostAccess> {
+  const admin = join(runDir, 'cp/admin.kubeconfig')
+  const config = new Cluster(admin)
+  const target = new URL(config.url)
+  const port = await freePort()
+  const relay = await startRelay({ target: `${target.hostname}:${target.port}`, targetOn: 'namespace', listen: `127.0.0.1:${port}`, netnsPath: `/run/netns/${NETNS}` })
+  try {
+    const parsed = parse(readFileSync(admin, 'utf8')) as unknown
+    for (const c of list(parsed, 'clusters')) {
+      const cluster = get(c, 'cluster')
+      if (isObject(cluster) && cluster.server === config.url) cluster.server = `https://127.0.0.1:${port}`
+    }
+    const kubeconfig = join(dir, 'node.kubeconfig')
+    writeFileSync(kubeconfig, stringify(parsed), { mode: 0o600 })
+    return { relay, kubeconfig, cluster: new Cluster(kubeconfig) }
+  } catch (err) {
+    relay.stop()
+    throw err
+  }
+}
+
+/** An object's own path in the API ({apiVersion, kind, metadata.name} in namespace `ns`). */
+export function objectPath (ns: string, o: unknown): string {
+  const version = str(o, 'apiVersion') ?? 'v1'
+  return `${version.includes('/') ? `/apis/${version}` : `/api/${version}`}/namespaces/${ns}/${(str(o, 'kind') ?? '?').toLowerCase()}s/${str(o, 'metadata', 'name') ?? '?'}`
+}
+
+/** Server-side apply of objects into `ns`: '' when all were applied, else why not. */
+export async function apply (k: Cluster, ns: string, ...objects: unknown[]): Promise<string> {
+  try {
+    for (const o of objects) await k.apply(objectPath(ns, o), o)
+    return ''
+  } catch (err) { return err instanceof Error ? err.message : String(err) }
+}
+
+/** '' when `p` succeeded, else its error's message (for a check's diagnostics). */
+export const failure = (p: Promise<unknown>): Promise<string> => p.then(() => '', (err: unknown) => err instanceof Error ? err.message : String(err))
+
+/** A Secret like `kubectl create secret generic NAME --from-file=KEY=FILE…`. */
+export function secretOf (name: string, files: Record<string, string>): unknown {
+  return { apiVersion: 'v1', kind: 'Secret', metadata: { name }, type: 'Opaque', data: Object.fromEntries(Object.entries(files).map(([k, f]) => [k, readFileSync(f).toString('base64')])) }
+}
 /** GET from inside the namespace: the status code, or 000 when nothing answered. */
 export const curlStatus = (url: string): string => inNs(['curl', '-s', '-o', '/dev/null', '-m', '10', '-w', '%{http_code}', url]).stdout
 export const curlBody = (url: string): string => inNs(['curl', '-s', '-m', '10', url]).stdout
@@ -37,18 +89,20 @@ export interface Pod {
   status: { phase?: string, podIP?: string, initContainerStatuses?: ContainerStatus[], containerStatuses?: ContainerStatus[] }
 }
 
-export function pods (ns: string, selector: string): Pod[] {
-  const r = kubectl('-n', ns, 'get', 'pods', '-l', selector, '-o', 'json')
-  return r.code === 0 ? (JSON.parse(r.stdout) as { items: Pod[] }).items : []
+/** The pods of a label selector ([] when the API server did not answer). */
+export async function pods (k: Cluster, ns: string, selector: string): Promise<Pod[]> {
+  return (await k.pods(ns, selector).catch(() => [])) as unknown as Pod[]
 }
 /** The first pod of the selector that runs and is not being deleted. */
-export const runningPod = (ns: string, selector: string): Pod | undefined =>
-  pods(ns, selector).find(p => p.metadata.deletionTimestamp === undefined && p.status.phase === 'Running')
+export const runningPod = async (k: Cluster, ns: string, selector: string): Promise<Pod | undefined> =>
+  (await pods(k, ns, selector)).find(p => p.metadata.deletionTimestamp === undefined && p.status.phase === 'Running')
+/** A container's log, '' when there is none (yet). */
+export const logOf = (k: Cluster, ns: string, pod: string, container: string): Promise<string> => k.log(ns, pod, container).catch(() => '')
 export const statusesOf = (pod: Pod): ContainerStatus[] => [...(pod.status.initContainerStatuses ?? []), ...(pod.status.containerStatuses ?? [])]
 export const containersOf = (pod: Pod): Container[] => [...(pod.spec.initContainers ?? []), ...pod.spec.containers]
 
 /** The app's log lines "<time> request <n> GET <url> <status|error CODE>" (test/e2e/kubelet/app.mjs). */
-export const appRequests = (ns: string, pod: string): Array<{ n: number, status: string }> => requestLines(kubectl('-n', ns, 'logs', pod, '-c', 'app').stdout)
+export const appRequests = async (k: Cluster, ns: string, pod: string): Promise<Array<{ n: number, status: string }>> => requestLines(await logOf(k, ns, pod, 'app'))
 export function requestLines (log: string): Array<{ n: number, status: string }> {
   return log.split('\n').flatMap(l => {
     const m = / request (\d+) GET \S+ (\S+)/.exec(l)
@@ -57,7 +111,7 @@ export function requestLines (log: string): Array<{ n: number, status: string }>
 }
 
 /** The JSON lines of a container's log (the proxy's), parsed; other lines skipped. */
-export const jsonLog = (ns: string, pod: string, container: string): Array<Record<string, unknown>> => jsonLines(kubectl('-n', ns, 'logs', pod, '-c', container).stdout)
+export const jsonLog = async (k: Cluster, ns: string, pod: string, container: string): Promise<Array<Record<string, unknown>>> => jsonLines(await logOf(k, ns, pod, container))
 export function jsonLines (log: string): Array<Record<string, unknown>> {
   return log.split('\n').flatMap(l => {
     try { return l.startsWith('{') ? [JSON.parse(l) as Record<string, unknown>] : [] } catch { return [] }
@@ -116,13 +170,13 @@ export const mib = (bytes: number): string => `${(bytes / (1 << 20)).toFixed(1)}
  * The kubelet's own count of the probes it ran on a container, by type, that succeeded
  * (prober_probe_total, from its /metrics/probes through the API server's node proxy).
  */
-export function probesPassed (ns: string, pod: string, container: string): Record<'Startup' | 'Readiness' | 'Liveness', number> {
-  const text = kubectl('get', '--raw', `/api/v1/nodes/${NETNS}/proxy/metrics/probes`).stdout
+export async function probesPassed (k: Cluster, ns: string, pod: string, container: string): Promise<Record<'Startup' | 'Readiness' | 'Liveness', number>> {
+  const text = await k.text(`/api/v1/nodes/${NETNS}/proxy/metrics/probes`).catch(() => '')
   const count = (type: string): number => metric(text, 'prober_probe_total', { namespace: ns, pod, container, probe_type: type, result: 'successful' })
   return { Startup: count('Startup'), Readiness: count('Readiness'), Liveness: count('Liveness') }
 }
 
-/** A key pair of the test, in files for `kubectl create secret --from-file`. */
+/** A key pair of the test, in files (as for `kubectl create secret --from-file`). */
 export interface Pair { readonly name: string, readonly key: string, readonly secret: string, readonly dir: string }
 
 /** The token-verifying upstream that accepts a changing set of pairs (test/e2e/kubelet/upstream.ts). */
@@ -139,6 +193,8 @@ export interface Context {
   readonly work: string
   /** kube-node.sh's run directory (kubelet.log and the other logs). */
   readonly runDir: string
+  /** The node's API server, from the host (hostAccess). */
+  readonly cluster: Cluster
   readonly helm: (args: readonly string[]) => Run
   /** A copy of helm/cos-auth-proxy. */
   readonly chart: string
@@ -158,15 +214,3 @@ export interface Context {
 /** --set arguments that give the chart the project's image (pullPolicy Never: no registry). */
 export const imageValues = (x: Context): string[] =>
   ['--set', `image.repository=${x.image.repository}`, '--set', `image.tag=${x.image.tag}`, '--set', 'image.pullPolicy=Never']
-
-/**
- * `kubectl logs -f` of one container, kept as it comes: the kubelet removes a deleted pod's
- * containers, and their logs with them, soon after they stop.
- */
-export function followLog (ns: string, pod: string, container: string): { text: () => string, ended: Promise<void> } {
-  const child = spawn('bash', [NODE_SCRIPT, 'exec', 'kubectl', '-n', ns, 'logs', '-f', pod, '-c', container], { stdio: ['ignore', 'pipe', 'ignore'] })
-  const out: string[] = []
-  child.stdout.on('data', (b: Buffer) => { out.push(b.toString()) })
-  const ended = new Promise<void>(resolve => { child.on('close', () => { resolve() }) })
-  return { text: () => out.join(''), ended }
-}

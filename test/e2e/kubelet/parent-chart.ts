@@ -30,15 +30,15 @@ export async function parentChart (x: Context, helmEnv: NodeJS.ProcessEnv, helmB
       const t = Date.now()
       const r = x.helm(['install', release, chart, '-f', values, '--set', `cos-auth-proxy.sidecar.native=${native}`, '--wait', '--timeout', '180s'])
       if (!ok(r.code === 0, `helm install ${release} (${seconds(t)})`, r.stderr.trim())) return
-      const pod = await until(`a Running pod of ${release}`, 120_000, () => runningPod('default', `app.kubernetes.io/instance=${release}`), 1000)
+      const pod = await until(`a Running pod of ${release}`, 120_000, () => runningPod(x.cluster, 'default', `app.kubernetes.io/instance=${release}`), 1000)
       const name = pod.metadata.name
       const proxy = statusesOf(pod).find(s => s.name === 'cos-auth-proxy')
       const appStatus = statusesOf(pod).find(s => s.name === 'app')
       ok(native ? (pod.spec.initContainers ?? []).some(c => c.name === 'cos-auth-proxy' && c.restartPolicy === 'Always')
         : pod.spec.containers.some(c => c.name === 'cos-auth-proxy'),
       native ? 'the proxy is a native sidecar (initContainer, restartPolicy: Always)' : 'the proxy is a plain container beside the app')
-      const requests = await until(`a 200 in the app's log of ${name}`, 90_000, () => {
-        const rs = appRequests('default', name)
+      const requests = await until(`a 200 in the app's log of ${name}`, 90_000, async () => {
+        const rs = await appRequests(x.cluster, 'default', name)
         return rs.some(q => q.status === '200') ? rs : undefined
       }, 1000)
       const first = requests[0]
@@ -60,7 +60,7 @@ export async function parentChart (x: Context, helmEnv: NodeJS.ProcessEnv, helmB
         'the kubelet\'s startup probe on the admin port passed (kubelet log: probe="startup" status="started")')
       ok(kubeletLog.some(l => l.includes('probe="readiness"') && l.includes('status="ready"') && l.includes(podRef)),
         'the kubelet\'s readiness probe on the admin port passed (kubelet log: probe="readiness" status="ready")')
-      if (native) await probesOnAdminPort('default', name)
+      if (native) await probesOnAdminPort(x.cluster, 'default', name)
       const podIP = pod.status.podIP ?? '?'
       const seen = await until(`the mock API's log of a request from ${podIP}`, 15_000, () => x.mockLog().includes(`"remoteAddress":"${podIP}"`) ? true : undefined, 1000).catch(() => false)
       ok(seen, `the mock API saw the requests come from the pod's address ${podIP}`)

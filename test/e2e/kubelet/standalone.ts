@@ -5,8 +5,9 @@
 // enforced: the node's CNI (the bridge plugin) enforces none.
 import { ok, section } from '../harness/checks.js'
 import { seconds, until } from '../harness/processes.js'
-import { type Context, curlStatus, imageValues, kubectl } from './node.js'
-import { APPS } from './injection.js'
+import { list, str } from '../harness/cluster.js'
+import { type Context, curlStatus, imageValues } from './node.js'
+import { APPS, readyOf } from './injection.js'
 
 export async function standalone (x: Context): Promise<void> {
   await section('standalone: the Deployment answers through its Service', async () => {
@@ -15,10 +16,12 @@ export async function standalone (x: Context): Promise<void> {
       '--set', `upstream.managementUrl=${x.mockUrl}/management`, '--set', `upstream.optimizeUrl=${x.mockUrl}/optimize`,
       '--set', 'credentials.existingSecret=cos-credentials', '--set', 'proxy.allowFrom={10.88.0.0/16}', '--wait', '--timeout', '180s'])
     if (!ok(r.code === 0, `helm install cos-auth-proxy --set mode=deployment --wait (${seconds(t)})`, r.stderr.trim())) return
-    const ready = kubectl('-n', APPS, 'get', 'deployment', 'cos-auth-proxy', '-o', 'jsonpath={.status.readyReplicas}/{.spec.replicas}').stdout
+    const k = x.cluster
+    const ready = readyOf(await k.find(`/apis/apps/v1/namespaces/${APPS}/deployments/cos-auth-proxy`).catch(() => undefined))
     ok(/^(\d+)\/\1$/.test(ready), `Deployment cos-auth-proxy: ${ready} replicas ready`)
-    const ip = kubectl('-n', APPS, 'get', 'service', 'cos-auth-proxy', '-o', 'jsonpath={.spec.clusterIP}').stdout
-    const endpoints = kubectl('-n', APPS, 'get', 'endpointslices', '-l', 'kubernetes.io/service-name=cos-auth-proxy', '-o', 'jsonpath={.items[*].endpoints[*].addresses[0]}').stdout.split(' ').filter(Boolean)
+    const ip = str(await k.find(`/api/v1/namespaces/${APPS}/services/cos-auth-proxy`).catch(() => undefined), 'spec', 'clusterIP') ?? ''
+    const slices = await k.items(`/apis/discovery.k8s.io/v1/namespaces/${APPS}/endpointslices?labelSelector=${encodeURIComponent('kubernetes.io/service-name=cos-auth-proxy')}`).catch(() => [])
+    const endpoints = slices.flatMap(s => list(s, 'endpoints').flatMap(e => str(e, 'addresses', 0) ?? []))
     ok(endpoints.length >= 1, `Service cos-auth-proxy at ${ip}:8080, endpoints ${endpoints.join(', ')}`)
     // kube-proxy programs a new Service's rules on its next sync (seconds on a busy machine): until then
     // the ClusterIP answers nothing. Wait for its first answer, then every request must get 200.

@@ -2,16 +2,19 @@
 // test:kubelet's one-node cluster (scripts/kube-node.sh), whose containerd PULLS the image by
 // the index's digest from the registry the release test started: nothing of the proxy is
 // `ctr import`ed (`up` is given no --image; the pause image is the node's own). The registry
-// listens on the host's 127.0.0.1:PORT; registry-relay.ts makes the same address answer on
-// the namespace's own loopback, so helm (run inside the namespace, where the API server is)
-// and containerd use the very references the release printed. containerd 1.6's CRI speaks
+// listens on the host's 127.0.0.1:PORT; a relay (test/e2e/harness/relay.ts) makes the same
+// address answer on the namespace's own loopback, so helm (run inside the namespace: its pull
+// of the chart goes through the relay, which a check reads) and containerd use the very
+// references the release printed. The checks read the API server with the harness's cluster
+// client, through the other relay of kubelet/node.ts's hostAccess (the API server on the
+// host's loopback). containerd 1.6's CRI speaks
 // plain HTTP to a localhost or loopback registry by itself (its default scheme for such a
 // host), so the node's config is unchanged.
 // In order: node up → relay up → the upstream (test/e2e/kubelet/upstream.ts) and the credentials
 // Secret → helm install oci://… --plain-http (mode=deployment, image.repository/image.digest)
 // → the pod Ready, its image and imageID the digest, containerd's image list and the kubelet's
 // events naming the registry, the relay having carried the manifest and blobs → 200 through
-// the Service → down, with no process, namespace, socket or directory left.
+// the Service → down, with no process (of either relay), namespace, socket or directory left.
 //
 // As a program (root; the node's binaries built; a registry holding the image and the chart):
 //   node --import tsx test/e2e/release/kubelet.ts --registry 127.0.0.1:PORT --digest sha256:… [--chart-version X.Y.Z]
@@ -24,9 +27,10 @@ import { join } from 'node:path'
 import { createInterface } from 'node:readline'
 import { fileURLToPath } from 'node:url'
 import { ok, section, suite } from '../harness/checks.js'
+import { str } from '../harness/cluster.js'
 import { ROOT, seconds, sh, until } from '../harness/processes.js'
-import { curlStatus, inNs, kubectl, NETNS, node, NODE_IP, type Pod } from '../kubelet/node.js'
-import { startRelay, type Relay } from './registry-relay.js'
+import { startRelay, type Relay } from '../harness/relay.js'
+import { curlStatus, failure, type HostAccess, hostAccess, inNs, NETNS, node, NODE_IP, type Pod, secretOf } from '../kubelet/node.js'
 
 const NS = 'cos-release'
 const RELEASE = 'cos-auth-proxy'
@@ -88,6 +92,7 @@ export async function podFromRegistry (opts: FromRegistry): Promise<void> {
   const ref = `${opts.image}@${opts.digest}`
   let up = false
   let relay: Relay | undefined
+  let access: HostAccess | undefined
   let upstream: ReturnType<typeof startUpstream> | undefined
   let down: ReturnType<typeof node> | undefined
   let runDir = ''
@@ -95,6 +100,7 @@ export async function podFromRegistry (opts: FromRegistry): Promise<void> {
   const stop = (): void => {
     if (upstream?.child.exitCode === null) upstream.child.kill('SIGKILL')
     relay?.stop()
+    access?.relay.stop()
     if (up) {
       up = false
       down = node(['down'], 300_000)
@@ -122,12 +128,14 @@ export async function podFromRegistry (opts: FromRegistry): Promise<void> {
     const started = node(['up'], 600_000)
     if (!ok(started.code === 0, `node up, only its pause image imported (${seconds(t)})`, `${started.stdout}${started.stderr}`.trim().split('\n').slice(-15).join('\n'))) return
     runDir = /export COS_KUBE_NODE_RUN=(\S+)/.exec(started.stdout)?.[1] ?? ''
+    access = await hostAccess(runDir, work)
+    const k = access.cluster
     const before = containerdImages(runDir).map(i => i.ref)
     ok(before.length > 0 && !before.some(r => r.includes('cos-auth-proxy')), `containerd holds no image of the proxy before the install: ${before.join(', ')}`)
 
     // 2. the registry at the same address inside the namespace
     t = Date.now()
-    relay = await startRelay({ registry: opts.registry, netnsPath: `/run/netns/${NETNS}` })
+    relay = await startRelay({ target: opts.registry, targetOn: 'host', listen: opts.registry, netnsPath: `/run/netns/${NETNS}`, requests: true })
     const v2 = curlStatus(`http://${opts.registry}/v2/`)
     ok(v2 === '200', `the registry answers at http://${opts.registry}/v2/ inside ${NETNS} too, through the relay (${v2}, ${seconds(t)})`)
 
@@ -137,10 +145,10 @@ export async function podFromRegistry (opts: FromRegistry): Promise<void> {
     writeFileSync(join(work, 'access-key'), pair.key, { mode: 0o600 })
     writeFileSync(join(work, 'access-key-secret'), pair.secret, { mode: 0o600 })
     upstream.say(`accept ${pair.key} ${pair.secret}`)
-    kubectl('create', 'namespace', NS)
-    const secret = kubectl('-n', NS, 'create', 'secret', 'generic', 'cos-credentials',
-      `--from-file=access-key=${join(work, 'access-key')}`, `--from-file=access-key-secret=${join(work, 'access-key-secret')}`)
-    ok(secret.code === 0, 'Secret cos-credentials created', secret.stderr.trim())
+    await k.create('/api/v1/namespaces', { apiVersion: 'v1', kind: 'Namespace', metadata: { name: NS } }).catch(() => {})
+    const secret = await failure(k.create(`/api/v1/namespaces/${NS}/secrets`,
+      secretOf('cos-credentials', { 'access-key': join(work, 'access-key'), 'access-key-secret': join(work, 'access-key-secret') })))
+    ok(secret === '', 'Secret cos-credentials created', secret)
 
     // 4. helm install from the OCI reference
     t = Date.now()
@@ -151,8 +159,10 @@ export async function podFromRegistry (opts: FromRegistry): Promise<void> {
       '--set', `upstream.managementUrl=${upstreamUrl}/management`, '--set', `upstream.optimizeUrl=${upstreamUrl}/optimize`,
       '--set', 'credentials.existingSecret=cos-credentials', '--set', 'proxy.allowFrom={10.88.0.0/16}', '--wait', '--timeout', '300s'],
     { env: helmEnv, timeoutMs: 400_000 })
+    const events = async (selector = ''): Promise<string[]> =>
+      (await k.items(`/api/v1/namespaces/${NS}/events${selector === '' ? '' : `?fieldSelector=${encodeURIComponent(selector)}`}`).catch(() => [])).map(e => str(e, 'message') ?? '')
     if (!ok(installed.code === 0, `helm install ${RELEASE} ${opts.chart} --version ${opts.chartVersion} --plain-http --set image.digest=${opts.digest} --wait (${seconds(t)})`,
-      `${installed.stderr.trim()}\n${kubectl('-n', NS, 'get', 'events', '--sort-by=.lastTimestamp').stdout}`)) return
+      `${installed.stderr.trim()}\n${installed.code === 0 ? '' : (await events()).join('\n')}`)) return
     const chartOf = inNs([helm, 'list', '-n', NS, '-o', 'json'], { env: helmEnv }).stdout
     ok(chartOf.includes(`"chart":"cos-auth-proxy-${opts.chartVersion}"`), `helm list: the release's chart is cos-auth-proxy-${opts.chartVersion}`, chartOf)
     const r = relay
@@ -162,7 +172,7 @@ export async function podFromRegistry (opts: FromRegistry): Promise<void> {
 
     // 5. the pod: Ready, running the digest, pulled from the registry
     type ReleasePod = Pod & { spec: { containers: Array<{ image?: string }> }, status: { conditions?: Array<{ type: string, status: string }>, containerStatuses?: Array<{ image?: string, imageID?: string }> } }
-    const all = (JSON.parse(kubectl('-n', NS, 'get', 'pods', '-l', `app.kubernetes.io/instance=${RELEASE}`, '-o', 'json').stdout || '{"items":[]}') as { items: ReleasePod[] }).items
+    const all = (await k.pods(NS, `app.kubernetes.io/instance=${RELEASE}`).catch(() => [])) as unknown as ReleasePod[]
     if (!ok(all.length >= 1, `the Deployment's pods: ${all.map(p => `${p.metadata.name} (${p.status.podIP ?? '?'})`).join(', ')}`)) return
     ok(all.every(p => p.status.conditions?.some(c => c.type === 'Ready' && c.status === 'True') === true), `every pod Ready (${all.length})`)
     ok(all.every(p => p.spec.containers[0]?.image === ref), `their container's image is the digest reference: ${ref}`, all.map(p => p.spec.containers[0]?.image))
@@ -172,15 +182,15 @@ export async function podFromRegistry (opts: FromRegistry): Promise<void> {
     ok(pulled?.digest === opts.digest && pulled.type.includes('index'), `containerd's image list: ${pulled?.ref ?? '(missing)'} ${pulled?.type ?? ''}`, images)
     ok(!images.some(i => i.ref.startsWith('localhost/cos-auth-proxy') || (i.ref.includes('cos-auth-proxy') && !i.ref.startsWith(`${opts.registry}/`))),
       'no other image of the proxy in containerd (none imported)', images)
-    const events = kubectl('-n', NS, 'get', 'events', '--field-selector', 'reason=Pulled', '-o', 'jsonpath={.items[*].message}').stdout
-    const pulls = events.split(`Successfully pulled image "${ref}"`).length - 1
-    ok(pulls >= 1, `the kubelet's events: ${pulls} × Successfully pulled image "${ref}"${/ in [^"]*$/.exec(events)?.[0] ?? ''}`, events)
+    const pulled_ = (await events('reason=Pulled')).join(' ')
+    const pulls = pulled_.split(`Successfully pulled image "${ref}"`).length - 1
+    ok(pulls >= 1, `the kubelet's events: ${pulls} × Successfully pulled image "${ref}"${/ in [^"]*$/.exec(pulled_)?.[0] ?? ''}`, pulled_)
     const blobs = (): number => r.requests().filter(q => q.startsWith('GET /v2/cos-auth-proxy/blobs/sha256:')).length
     const imageFetched = await eventually(() => r.requests().includes(`GET /v2/cos-auth-proxy/manifests/${opts.digest}`) && blobs() >= 2)
     ok(imageFetched, `containerd fetched the index by its digest, then ${blobs()} blobs (config and layers) from the registry, through the relay`, r.requests())
 
     // 6. a request through the proxy
-    const ip = kubectl('-n', NS, 'get', 'service', RELEASE, '-o', 'jsonpath={.spec.clusterIP}').stdout
+    const ip = str(await k.find(`/api/v1/namespaces/${NS}/services/${RELEASE}`).catch(() => undefined), 'spec', 'clusterIP') ?? ''
     const url = `http://${ip}:8080/management/v1/clusters`
     const first = await until(`kube-proxy's rules for ${ip}`, 60_000, () => { const s = curlStatus(url); return s === '000' ? undefined : s }, 1000).catch(() => '000')
     ok(first === '200', `GET ${url} through the proxy: ${first}`)
@@ -192,14 +202,14 @@ export async function podFromRegistry (opts: FromRegistry): Promise<void> {
   } finally {
     // 7. down: nothing of the node, the relay or this directory left
     const t = Date.now()
-    const pids = relay?.pids ?? []
-    const relayDir = relay?.dir
+    const pids = [...relay?.pids ?? [], ...access?.relay.pids ?? []]
+    const relayDirs = [relay?.dir, access?.relay.dir].filter(d => d !== undefined)
     stop()
     process.removeListener('exit', onExit)
     interrupted = () => {}
     if (down !== undefined) ok(down.code === 0, `down: the node stopped, the host as before up (${seconds(t)})`, `${down.stdout}${down.stderr}`.trim().split('\n').slice(-15).join('\n'))
     await new Promise(resolve => setTimeout(resolve, 200)) // the relay's halves, killed, reaped
-    ok(!pids.some(alive) && (relayDir === undefined || !existsSync(relayDir)) && !existsSync(work) && (runDir === '' || !ownRunDir || !existsSync(runDir)) &&
+    ok(!pids.some(alive) && !relayDirs.some(d => existsSync(d)) && !existsSync(work) && (runDir === '' || !ownRunDir || !existsSync(runDir)) &&
       !sh('ip', ['netns', 'list']).stdout.split('\n').some(l => l.split(' ')[0] === NETNS),
     `no relay process (${pids.join(', ') || 'none started'}), socket directory, namespace ${NETNS}, node run directory or temporary directory left (all in ${seconds(t0)})`)
   }

@@ -1,20 +1,23 @@
-// The release test's registry, seen from inside a network namespace at the same address
-// (issue 44): `crane registry serve` listens on the host's 127.0.0.1:PORT, which a
-// namespace's own loopback does not reach; the kubelet node's containerd (and helm, run in
-// the namespace) must pull `127.0.0.1:PORT/…`, the reference the release printed. Two
-// halves, two child processes joined by a unix socket in a temporary directory (a path
-// socket: both sides share the file system, not the network):
-//   host side       node registry-relay.ts --listen <dir>/registry.sock --to 127.0.0.1:PORT
-//   namespace side  nsenter --net=<ns> node registry-relay.ts --listen 127.0.0.1:PORT
-//                   --to <dir>/registry.sock (127.0.0.1:PORT of the namespace's own loopback)
-// Children, not this process: the test harness waits for helm and kubectl with spawnSync,
-// which would stall a half served by this process's event loop (and the pull with it).
-// Nothing listens anywhere but on the host's loopback (the registry), the namespace's
-// loopback and the socket. The namespace side prints one JSON line per HTTP request line it
-// carries ({"request":"GET /v2/…"}), so a test can say what was fetched through it. Each half
-// exits when its stdin closes (its parent gone) or on SIGTERM.
+// A TCP address on one side of a network namespace's boundary made to answer on the other
+// side, for the end-to-end suites. Two halves, two child processes joined by a unix socket in
+// a temporary directory (a path socket: both sides share the file system, not the network):
+//   the target's side   node relay.ts --listen <dir>/relay.sock --to TARGET
+//   the other side      node relay.ts --listen LISTEN --to <dir>/relay.sock
+// the namespace's half run as `nsenter --net=<ns> node relay.ts …`. Two uses:
+//   - the release's registry (issue 44): `crane registry serve` on the host's 127.0.0.1:PORT
+//     answers at the same address on the namespace's own loopback, where the kubelet node's
+//     containerd and helm pull `127.0.0.1:PORT/…`, the reference the release printed;
+//   - the node's API server (127.0.0.1:16443 inside its namespace only) answers on a free port
+//     of the host's loopback, so the suites' one cluster client (cluster.ts) and helm reach it
+//     with an ordinary kubeconfig (its certificate names 127.0.0.1).
+// Children, not this process: the suites wait for helm and curl with spawnSync, which would
+// stall a half served by this process's event loop. Nothing listens anywhere but on a
+// loopback (the host's or the namespace's) and the socket. With `requests`, the TCP half
+// prints one JSON line per HTTP request line it carries ({"request":"GET /v2/…"}), so a test
+// can say what was fetched through it. Each half exits when its stdin closes (its parent gone)
+// or on SIGTERM.
 //
-// As a program: node --import tsx test/e2e/release/registry-relay.ts --listen ADDR --to ADDR
+// As a program: node --import tsx test/e2e/harness/relay.ts --listen ADDR --to ADDR [--report-requests]
 //   (ADDR: HOST:PORT, or the path of a unix socket)
 import { spawn, type ChildProcess } from 'node:child_process'
 import { existsSync, mkdtempSync, rmSync } from 'node:fs'
@@ -23,16 +26,16 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { createInterface } from 'node:readline'
 import { fileURLToPath } from 'node:url'
-import { ROOT } from '../harness/processes.js'
+import { ROOT } from './processes.js'
 
 const HERE = fileURLToPath(import.meta.url)
 
 export interface Relay {
   /** The temporary directory that holds the socket (gone after stop). */
   readonly dir: string
-  /** The two halves' PIDs: the host side's, the namespace side's (nsenter execs node in place). */
+  /** The two halves' PIDs: the target side's, the listening side's (nsenter execs node in place). */
   readonly pids: readonly number[]
-  /** The HTTP request lines the namespace side carried so far, e.g. "GET /v2/". */
+  /** With `requests`: the HTTP request lines the listening half carried so far, e.g. "GET /v2/". */
   requests: () => string[]
   /** Stops both halves and removes the directory; synchronous, idempotent. */
   stop: () => void
@@ -73,14 +76,18 @@ async function half (args: readonly string[], lines: string[], timeoutMs: number
 }
 
 /**
- * Starts the relay: `registry` (127.0.0.1:PORT on the host) answers at the same address
- * inside the network namespace `netnsPath` (/run/netns/NAME, or /proc/PID/ns/net).
+ * Starts a relay: `target` (HOST:PORT on the side `targetOn`) answers at `listen` (HOST:PORT,
+ * a loopback address) on the other side of the network namespace `netnsPath` (/run/netns/NAME,
+ * or /proc/PID/ns/net). `requests`: keep the HTTP request lines the listening half carries.
  */
-export async function startRelay (opts: { registry: string, netnsPath: string, timeoutMs?: number }): Promise<Relay> {
-  address(opts.registry)
-  const dir = mkdtempSync(join(tmpdir(), 'cos-registry-relay-'))
-  const socketPath = join(dir, 'registry.sock')
+export async function startRelay (opts: { target: string, targetOn: 'host' | 'namespace', listen: string, netnsPath: string, requests?: boolean, timeoutMs?: number }): Promise<Relay> {
+  address(opts.target)
+  address(opts.listen)
+  const dir = mkdtempSync(join(tmpdir(), 'cos-relay-'))
+  const socketPath = join(dir, 'relay.sock')
   const node = [process.execPath, '--import', 'tsx', HERE]
+  const inNs = ['nsenter', `--net=${opts.netnsPath}`]
+  const [targetSide, listenSide] = opts.targetOn === 'host' ? [[], inNs] : [inNs, []]
   const children: ChildProcess[] = []
   const lines: string[] = []
   let stopped = false
@@ -94,8 +101,8 @@ export async function startRelay (opts: { registry: string, netnsPath: string, t
     rmSync(dir, { recursive: true, force: true })
   }
   try {
-    children.push(await half([...node, '--listen', socketPath, '--to', opts.registry], [], opts.timeoutMs ?? 30_000))
-    children.push(await half(['nsenter', `--net=${opts.netnsPath}`, ...node, '--listen', opts.registry, '--to', socketPath], lines, opts.timeoutMs ?? 30_000))
+    children.push(await half([...targetSide, ...node, '--listen', socketPath, '--to', opts.target], [], opts.timeoutMs ?? 30_000))
+    children.push(await half([...listenSide, ...node, '--listen', opts.listen, '--to', socketPath, ...(opts.requests === true ? ['--report-requests'] : [])], lines, opts.timeoutMs ?? 30_000))
   } catch (err) {
     stop()
     throw err
@@ -119,11 +126,11 @@ function reportRequests (client: Socket): void {
   })
 }
 
-function relay (listenOn: string, to: string): void {
+function relay (listenOn: string, to: string, report: boolean): void {
   const from = address(listenOn)
   const target = address(to)
   const server = createServer(client => {
-    if (!('path' in from)) reportRequests(client)
+    if (report) reportRequests(client)
     const upstream = 'path' in target ? connect(target.path) : connect(target.port, target.host)
     client.pipe(upstream)
     upstream.pipe(client)
@@ -146,8 +153,8 @@ if (process.argv[1] === HERE) {
   const arg = (name: string): string => {
     const i = process.argv.indexOf(name)
     const v = i < 0 ? undefined : process.argv[i + 1]
-    if (v === undefined) { process.stderr.write(`usage: registry-relay.ts --listen ADDR --to ADDR (no ${name})\n`); process.exit(2) }
+    if (v === undefined) { process.stderr.write(`usage: relay.ts --listen ADDR --to ADDR [--report-requests] (no ${name})\n`); process.exit(2) }
     return v
   }
-  relay(arg('--listen'), arg('--to'))
+  relay(arg('--listen'), arg('--to'), process.argv.includes('--report-requests'))
 }
