@@ -177,8 +177,11 @@ t.test('pipelinedPerListener: requests waiting behind another are bounded across
   const s = await serve(t, PROXY, withConnections(PROXY.policy, { pipelinedPerListener: 4 }))
   // Three connections, each one request in progress and two behind it: six would wait, four may.
   const clients = await Promise.all([0, 1, 2].map(async () => await client(PROXY, s.port, GET().repeat(3))))
-  t.ok(await until(() => s.held() >= 3), 'each connection has its requests in')
-  t.ok(await until(() => pipelinedWaiting(s.server) >= 4), `${pipelinedWaiting(s.server)} waiting`)
+  // All nine parsed before any answer is released (the first of each connection and
+  // the four the bound admits are held; the two beyond it queue their 503 behind the
+  // first answer of their connection): a release after two connections only would
+  // let the third's requests in under the bound, and refuse nothing.
+  t.ok(await until(() => s.held() >= 7 && pipelinedWaiting(s.server) >= 6), `every connection has its requests in: ${s.held()} held, ${pipelinedWaiting(s.server)} waiting`)
   s.release()
   t.ok(await until(() => clients.reduce((n, c) => n + c.received.split('HTTP/1.1 503').length - 1, 0) >= 1), 'the ones beyond the listener\'s bound are refused')
   for (const c of clients) c.socket.destroy()
