@@ -97,7 +97,7 @@ async function main (): Promise<void> {
     try { return await fn() } finally { timings[name] = (performance.now() - t) / 1000 }
   }
   try {
-    const goSigner = !runs('idle') && !runs('small') ? { skipped: 'not in these sections' } : await timed('Go signer: build and check', () => goYardstick(scratch.path))
+    const goSigner = !(['idle', 'small', 'big', 'rate'] as const).some(runs) ? { skipped: 'not in these sections' } : await timed('Go signer: build and check', () => goYardstick(scratch.path))
     const upstream = await startUpstream(pin.upstream)
     const noise = new Noise(settings.noiseBudgetSeconds * 1000, m.clockTicks)
     const ctx: Context = {
@@ -109,8 +109,8 @@ async function main (): Promise<void> {
 
     const idleRuns = !runs('idle') ? [] : await timed('idle footprint and start-up', () => idleFootprint(ctx, peers))
     const smallRuns = !runs('small') ? [] : await timed('small responses', () => smallResponses(ctx, peers))
-    const bigRuns = !runs('big') ? [] : await timed('1 MiB bodies', () => bigBodies(ctx))
-    const rateRuns = !runs('rate') ? [] : await timed('fixed rate', () => fixedRate(ctx))
+    const bigRuns = !runs('big') ? [] : await timed('1 MiB bodies', () => bigBodies(ctx, peers))
+    const rateRuns = !runs('rate') ? [] : await timed('fixed rate', () => fixedRate(ctx, peers))
     const soaks = !runs('soak') ? [] : await timed('RSS soak', () => rssSoak(ctx))
     const minted = !runs('mint') ? undefined : await timed('token minting', () => mint(ctx))
     await stopAll()

@@ -146,12 +146,12 @@ export async function smallResponses (ctx: Context, peers: readonly ('floor' | '
   return runs
 }
 
-/** 1 MiB bodies, each way, through the proxy, the floor and directly. */
-export async function bigBodies (ctx: Context): Promise<ThroughputRun[]> {
+/** 1 MiB bodies, each way, through the proxy, its peers (the floor, the Go signer when built) and directly. */
+export async function bigBodies (ctx: Context, peers: readonly ('floor' | 'go')[]): Promise<ThroughputRun[]> {
   const runs: ThroughputRun[] = []
   for (let round = 1; round <= ctx.settings.rounds; round++) {
     for (const w of ['get-1mib', 'post-1mib'] as const) {
-      for (const t of ['proxy', 'floor', 'direct'] as const) runs.push(await throughput(ctx, w, t, ctx.settings.bigConnections, round))
+      for (const t of ['proxy', ...peers, 'direct'] as const) runs.push(await throughput(ctx, w, t, ctx.settings.bigConnections, round))
     }
   }
   return runs
@@ -184,12 +184,31 @@ export function ratioTable (small: readonly Summary[], settings: Settings): stri
 export function bigTable (big: readonly Summary[], settings: Settings): string {
   const rows: Cell[][] = []
   for (const w of ['get-1mib', 'post-1mib'] as const) {
-    for (const t of ['proxy', 'floor', 'direct'] as const) {
+    for (const t of ['proxy', 'floor', 'go', 'direct'] as const) {
       const x = find(big, w, t, settings.bigConnections)
       if (x === undefined) continue
-      rows.push([w === 'get-1mib' ? 'GET 1 MiB' : 'POST 1 MiB', LABEL[t], x.rps, x.p50, x.p99, x.cpuMsPer1k / 1000, fixed(x.peakRssMB, 1) + (t === 'direct' ? '*' : ''), x.failures])
+      rows.push([BODY[w], LABEL[t], x.rps, x.p50, x.p99, x.cpuMsPer1k / 1000, fixed(x.peakRssMB, 1) + (t === 'direct' ? '*' : ''), x.failures])
     }
-    rows.push([w === 'get-1mib' ? 'GET 1 MiB' : 'POST 1 MiB', 'proxy / floor', ratio(rpsRatio(big, w, 'proxy', 'floor', settings.bigConnections)), '', '', '', '', ''])
   }
   return table(['body', 'server', 'MiB/s', 'p50 ms', 'p99 ms', 'CPU ms/MiB', 'peak RSS MB', 'failed'], rows)
+}
+
+const BODY = { 'get-1mib': 'GET 1 MiB', 'post-1mib': 'POST 1 MiB' } as const
+
+/** CPU per 1,000 requests of `a` over `b`'s in the same run (NaN when either was not measured). */
+export function cpuRatio (s: readonly Summary[], workload: Workload, a: Target, b: Target, connections: number): number {
+  return (find(s, workload, a, connections)?.cpuMsPer1k ?? Number.NaN) / (find(s, workload, b, connections)?.cpuMsPer1k ?? Number.NaN)
+}
+
+/** 1 MiB bodies: the proxy against the floor and the Go signer, req/s and CPU per request, each way. */
+export function bigRatioTable (big: readonly Summary[], settings: Settings): string {
+  const c = settings.bigConnections
+  const rows: Cell[][] = []
+  for (const w of ['get-1mib', 'post-1mib'] as const) {
+    for (const peer of ['floor', 'go'] as const) {
+      if (find(big, w, peer, c) === undefined) continue
+      rows.push([BODY[w], `proxy / ${LABEL[peer]}`, ratio(rpsRatio(big, w, 'proxy', peer, c)), ratio(cpuRatio(big, w, 'proxy', peer, c))])
+    }
+  }
+  return table(['body', 'ratio', 'req/s', 'CPU ms per 1,000'], rows)
 }

@@ -3,6 +3,7 @@
 import { execFileSync } from 'node:child_process'
 import { readFileSync } from 'node:fs'
 import { availableParallelism, cpus } from 'node:os'
+import { monitorEventLoopDelay } from 'node:perf_hooks'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { nodeUnderTest } from './node.js'
 
@@ -112,6 +113,44 @@ export function machineBusyTicks (): number {
   const line = readFileSync('/proc/stat', 'utf8').split('\n', 1)[0] ?? ''
   const [, user = 0, nice = 0, system = 0, , , irq = 0, softirq = 0, steal = 0] = line.trim().split(/\s+/).map(Number)
   return user + nice + system + irq + softirq + steal
+}
+
+/** Ticks the hypervisor took from this machine's cores (steal, /proc/stat); 0 where there is none. */
+function stealTicks (): number {
+  const line = readFileSync('/proc/stat', 'utf8').split('\n', 1)[0] ?? ''
+  return Number(line.trim().split(/\s+/)[8] ?? 0)
+}
+
+/** How the load generator (this process) and the machine fared during one run. */
+export interface GeneratorHealth {
+  /** This process's event-loop delay, ms: the p99 and the worst over its 1 ms timer samples. */
+  readonly loopP99Ms: number
+  readonly loopMaxMs: number
+  /** Cores' worth of time the hypervisor stole from the machine meanwhile. */
+  readonly steal: number
+  /** The generator was late by more than 1 ms in over 1 % of its samples, or the hypervisor stole over 0.05 cores. */
+  readonly stalled: boolean
+}
+
+/**
+ * Starts watching the generator (this process's event loop, at 1 ms) and the
+ * machine's steal time; the function it returns stops and says how they fared.
+ * A generator that stalls delays the answers it reads as much as the server
+ * would: a round where it did is reported as such, not charged to the server.
+ */
+export function generatorProbe (ticksPerSecond: number): () => GeneratorHealth {
+  const loop = monitorEventLoopDelay({ resolution: 1 })
+  loop.enable()
+  const steal0 = stealTicks()
+  const t0 = performance.now()
+  return () => {
+    loop.disable()
+    // Node records each sample as the whole interval between two timer turns: less the 1 ms asked for, the delay.
+    const late = (ns: number): number => Math.max(0, ns / 1e6 - 1)
+    const loopP99Ms = late(loop.percentile(99))
+    const steal = (stealTicks() - steal0) / ticksPerSecond / ((performance.now() - t0) / 1000)
+    return { loopP99Ms, loopMaxMs: late(loop.max), steal, stalled: loopP99Ms > 1 || steal > 0.05 }
+  }
 }
 
 /**
