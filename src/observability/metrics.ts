@@ -223,7 +223,9 @@ function registerProcessExporters (registry: Registry, n: Scalars): void {
     registers,
     collect () {
       this.reset()
-      for (const [certificate, seconds] of Object.entries(n.certificates?.() ?? {})) if (seconds !== undefined) this.set({ certificate }, seconds)
+      const { client, ca } = n.certificates?.() ?? {}
+      if (client !== undefined) this.set({ certificate: 'client' }, client)
+      if (ca !== undefined) this.set({ certificate: 'ca' }, ca)
     },
   })
   new Gauge({
