@@ -22,10 +22,12 @@
 #                       test/ops/alerts.promtool.yaml (Debian's prometheus package,
 #                       installed with apt-get when promtool is missing)
 #   3b. prometheus-live the same rules and the Grafana dashboard's queries in a real Prometheus
-#                       (Debian's, installed with apt-get when missing) scraping eight proxies
+#                       (Debian's, installed with apt-get when missing) scraping nine proxies
 #                       (the bundle) under load: healthy, no credentials, upstream answering
 #                       500, upstream refusing, credential files broken after start, slow
-#                       upstream, skewed upstream clock, draining; each must fire exactly its own alerts,
+#                       upstream, skewed upstream clock, draining, an upstream client certificate
+#                       expiring in 3 days; and an injector whose serving certificate does;
+#                       each must fire exactly its own alerts,
 #                       and no panel may error or go negative (scripts/prometheus-live.mjs;
 #                       loopback only, a temporary directory, stops itself after 100 s)
 #   4. compose-config   docker-compose -f examples/compose.yaml config -q

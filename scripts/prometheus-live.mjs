@@ -14,6 +14,11 @@
 //   draining          SIGTERM with a long COS_SHUTDOWN_DELAY_MS: readiness 503,
 //                     requests still served                  → NotReady only (with the
 //                     chart's `for:`, a drain that ends in time raises nothing)
+//   certificate-expiring  an upstream client certificate that expires in 3 days
+//                     (its CA bundle valid a year)           → CertificateExpiringSoon
+//   injector-expiring `inject` serving a certificate that expires in 3 days
+//                                                            → CertificateExpiringSoon
+// (healthy's client certificate and CA bundle are valid a year: no alert.)
 //
 // RULES.yaml is the PrometheusRule's spec.groups as scripts/ci-packaging.sh
 // renders them from ci/alerts-values.yaml (selector namespace="shop": the
@@ -26,7 +31,7 @@
 // panel has data and the 5xx share is 0. Everything listens on 127.0.0.1 in
 // a temporary directory, removed at the end; the run stops itself after
 // 100 s. Used by scripts/ci-packaging.sh (check prometheus-live).
-import { spawn } from 'node:child_process'
+import { execFileSync, spawn } from 'node:child_process'
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { createServer, get, Agent } from 'node:http'
 import { tmpdir } from 'node:os'
@@ -47,6 +52,8 @@ const EXPECTED = {
   'slow-upstream': ['CosAuthProxyUpstreamLatencyHigh'],
   'skewed-clock': ['CosAuthProxyClockSkew'],
   draining: ['CosAuthProxyNotReady'],
+  'certificate-expiring': ['CosAuthProxyCertificateExpiringSoon'],
+  'injector-expiring': ['CosAuthProxyCertificateExpiringSoon'],
 }
 
 const SIGNED = /^cos_auth_proxy_upstream_clock_skew_seconds\{[^}]*\}$/
@@ -94,9 +101,17 @@ async function closedPort () {
   return port
 }
 
-/** The bundle's `serve` on ports of its choosing; resolves with them once it listens. */
-function startProxy (name, env) {
-  const child = spawn(process.execPath, ['dist/cos-auth-proxy.mjs', 'serve'], {
+/** A self-signed certificate for 127.0.0.1 valid `days` days: its files. */
+function certificate (name, days) {
+  execFileSync('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-days', String(days), '-subj', `/CN=${name}`,
+    '-addext', 'subjectAltName=IP:127.0.0.1', '-keyout', join(dir, `${name}.key`), '-out', join(dir, `${name}.pem`)], { stdio: 'ignore' })
+  return { cert: join(dir, `${name}.pem`), key: join(dir, `${name}.key`) }
+}
+const upstreamTls = (client, ca) => ({ COS_CLIENT_CERT_FILE: client.cert, COS_CLIENT_KEY_FILE: client.key, COS_CA_FILE: ca.cert })
+
+/** The bundle's `serve` (or `command`) on ports of its choosing; resolves with them once it listens. */
+function startProxy (name, env, command = 'serve') {
+  const child = spawn(process.execPath, ['dist/cos-auth-proxy.mjs', command], {
     env: { PATH: process.env.PATH, COS_LISTEN_PORT: '0', COS_ADMIN_PORT: '0', COS_CONNECT_TIMEOUT_MS: '500', COS_UPSTREAM_TIMEOUT_MS: '2000', ...env },
     stdio: ['ignore', 'pipe', 'inherit'],
   })
@@ -108,11 +123,11 @@ function startProxy (name, env) {
     child.stdout.on('data', chunk => {
       if (listening) return
       out += chunk
-      const m = /^.*"msg":"cos-auth-proxy listening".*$/m.exec(out)
+      const m = /^.*"msg":"cos-auth-proxy (?:injection webhook )?listening".*$/m.exec(out)
       if (m === null) return
       listening = true
       const line = JSON.parse(m[0])
-      resolve({ name, port: line.port, admin: line.admin.port, child })
+      resolve({ name, port: line.port, admin: line.admin.port, child, command })
     })
     child.once('exit', code => reject(new Error(`${name}: the proxy exited (${code}) before listening`)))
   })
@@ -145,8 +160,9 @@ async function main () {
   writeFileSync(join(breaking, 'access-key'), 'AKIDLIVE'); writeFileSync(join(breaking, 'secret'), 'live-secret-0123456789')
   const files = (d) => ({ COS_ACCESS_KEY_FILE: join(d, 'access-key'), COS_ACCESS_KEY_SECRET_FILE: join(d, 'secret') })
   const ok = await upstream(200)
+  const [year, threeDays, serving] = [certificate('year', 365), certificate('three-days', 3), certificate('serving', 3)]
   const proxies = await Promise.all([
-    startProxy('healthy', { COS_API_URL: ok, ...files(creds) }),
+    startProxy('healthy', { COS_API_URL: ok, ...files(creds), ...upstreamTls(year, year) }),
     startProxy('no-credentials', { COS_API_URL: ok, ...files(empty) }),
     startProxy('upstream-500', { COS_API_URL: await upstream(500), ...files(creds) }),
     startProxy('upstream-refused', { COS_API_URL: `http://127.0.0.1:${await closedPort()}`, ...files(creds) }),
@@ -155,6 +171,9 @@ async function main () {
     startProxy('skewed-clock', { COS_API_URL: await upstream(200, { dateOffsetS: -120 }), ...files(creds) }),
     // Its drain outlasts the check: readiness stays 503 while it keeps serving and exporting.
     startProxy('draining', { COS_API_URL: ok, COS_SHUTDOWN_DELAY_MS: '120000', ...files(creds) }),
+    startProxy('certificate-expiring', { COS_API_URL: ok, ...files(creds), ...upstreamTls(threeDays, year) }),
+    startProxy('injector-expiring', { COS_INJECT_HOST: '127.0.0.1', COS_INJECT_PORT: '0', COS_INJECT_SIDECAR_FILE: 'examples/injector/sidecar.json',
+      COS_INJECT_DEFAULT_SECRET: 'cos-credentials', COS_INJECT_TLS_CERT_FILE: serving.cert, COS_INJECT_TLS_KEY_FILE: serving.key }, 'inject'),
   ])
   proxies.find(p => p.name === 'draining')?.child.kill('SIGTERM')
   // Emptied before the first scrape: every read Prometheus sees is rejected, the pair read at start stays in force.
@@ -189,7 +208,7 @@ async function main () {
   // Steady load: 20 requests/s on each proxy, for as long as the check runs.
   // (The slow upstream holds 60 requests at a time.)
   const agent = new Agent({ keepAlive: true, maxSockets: 100 })
-  const load = setInterval(() => { for (const p of proxies) httpGet(`http://127.0.0.1:${p.port}/v1/clusters`, agent).catch(() => undefined) }, 50)
+  const load = setInterval(() => { for (const p of proxies) if (p.command === 'serve') httpGet(`http://127.0.0.1:${p.port}/v1/clusters`, agent).catch(() => undefined) }, 50)
   try {
     await checkAlerts(base)
     await checkDashboard(base, proxies)

@@ -70,6 +70,7 @@ export async function serve (opts: ServeOptions): Promise<void> {
   const metrics = new ProxyMetrics(opts.logLinesDropped === undefined ? {} : { logLinesDropped: opts.logLinesDropped })
   const { store, watcher } = await watchCredentials(config, logger, metrics)
   upstreams.watch(config.credentialsReloadMs)
+  metrics.observeCertificates(() => upstreams.certificateExpiry)
   const observer = metricsObserver(metrics)
   const requestLog = new RequestLog(observer, config.accessLog)
   const app = await buildProxyServer({

@@ -22,6 +22,7 @@ export class InjectMetrics {
   private readonly reloads: Counter<'result'>
   private readonly sidecarReloads: Counter<'result'>
   private readonly definition: Gauge<'version'>
+  #notAfter: (() => number | undefined) | undefined
 
   constructor (opts: { readonly defaultMetrics?: boolean } = {}) {
     const registers = [this.registry]
@@ -35,6 +36,18 @@ export class InjectMetrics {
     this.reloads = new Counter({ name: `${PREFIX}certificate_reloads_total`, help: 'Serving certificate changes on disk: applied, or rejected (unreadable or not a matching pair; the previous one stays).', labelNames: ['result'], registers })
     this.sidecarReloads = new Counter({ name: `${PREFIX}sidecar_reloads_total`, help: 'Sidecar definition (COS_INJECT_SIDECAR_FILE) changes on disk: applied, or rejected (not valid JSON or fails the checks; the previous one stays).', labelNames: ['result'], registers })
     this.definition = new Gauge({ name: `${PREFIX}sidecar_definition_info`, help: 'The definition injected now: version is the value new pods get in the cos-auth-proxy.io/injected-version annotation; running pods with another value have an out-of-date sidecar.', labelNames: ['version'], registers })
+    const notAfter = (): number | undefined => this.#notAfter?.()
+    new Gauge({
+      name: `${PREFIX}certificate_expiration_timestamp_seconds`,
+      help: 'Unix time the serving certificate in use expires (notAfter), the earliest of its chain (certificate="serving"). Absent while it holds no certificate that parses; a pair refused on reload keeps the value of the one served.',
+      labelNames: ['certificate'],
+      registers,
+      collect () {
+        this.reset()
+        const seconds = notAfter()
+        if (seconds !== undefined) this.set({ certificate: 'serving' }, seconds)
+      },
+    })
     for (const result of ['applied', 'rejected']) {
       this.reloads.inc({ result }, 0)
       this.sidecarReloads.inc({ result }, 0)
@@ -70,6 +83,11 @@ export class InjectMetrics {
 
   sidecarReload (result: Reload): void {
     this.sidecarReloads.inc({ result })
+  }
+
+  /** Where the serving certificate's expiry gauge reads from at scrape time (ServingCertificate.notAfter). */
+  observeCertificate (notAfter: () => number | undefined): void {
+    this.#notAfter = notAfter
   }
 
   /** One series only: the definition served now. */

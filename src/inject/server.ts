@@ -47,6 +47,7 @@ export async function buildWebhookServer (opts: WebhookOptions): Promise<Fastify
   const { metrics, settings } = opts
   const limits = { ...WEBHOOK_LIMITS, ...opts.limits }
   const certificate = await ServingCertificate.read({ files: opts.tls, variables: ['COS_INJECT_TLS_CERT_FILE', 'COS_INJECT_TLS_KEY_FILE'], pollMs: opts.certificateCheckMs ?? 1000, logger: opts.logger, onReload: result => { metrics.certificateReload(result) } })
+  metrics.observeCertificate(() => certificate.notAfter)
   const tls = { ...certificate.pair, minVersion: 'TLSv1.2' } as const
   const app = Fastify<HttpsServer>({
     https: tls,

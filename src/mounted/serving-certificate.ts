@@ -11,6 +11,7 @@ import type { Server as HttpsServer } from 'node:https'
 import { createSecureContext } from 'node:tls'
 import type { FastifyBaseLogger, FastifyInstance } from 'fastify'
 import { ConfigError } from '../config/config.js'
+import { earliestNotAfter } from './certificate-expiry.js'
 import { MountedFiles, type MountedOutcome, type Parsed } from './mounted-files.js'
 
 export interface CertificateFiles { readonly certFile: string, readonly keyFile: string }
@@ -33,6 +34,7 @@ const CERTIFICATE_FILE_MAX_BYTES = 1024 * 1024
 
 export class ServingCertificate {
   #pair: CertificatePair | undefined
+  #notAfter: number | undefined
   #server: HttpsServer | undefined
   readonly #files: MountedFiles<CertificatePair, MountedOutcome<CertificatePair> | undefined>
 
@@ -57,6 +59,7 @@ export class ServingCertificate {
       apply: pair => {
         this.#server?.setSecureContext({ ...pair, minVersion: 'TLSv1.2' })
         this.#pair = pair
+        this.#notAfter = earliestNotAfter(pair.cert)
       },
       report: o => {
         // The first read is not a reload.
@@ -91,6 +94,11 @@ export class ServingCertificate {
   get pair (): CertificatePair {
     if (this.#pair === undefined) throw new Error('ServingCertificate.read() has not succeeded')
     return this.#pair
+  }
+
+  /** When the certificate served expires: the earliest notAfter of its chain, Unix seconds (undefined: none parses). Set when a pair is put in force. */
+  get notAfter (): number | undefined {
+    return this.#notAfter
   }
 
   /** Follows the files for `app` from now on: a changed, usable pair is the context of its next TLS handshake. Stops when it closes. */

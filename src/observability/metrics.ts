@@ -7,6 +7,7 @@ import { collectDefaultMetrics, Counter, Gauge, Registry } from 'prom-client'
 import { registerSampledGauge, sharedScrape } from './metric-exposition.js'
 import { PREFIX, registerRouteExporters, ROUTES, RouteCells, statusClassIndex, type RetryReason } from './route-metrics.js'
 import type { UpstreamErrorKind } from '../upstream/upstream-error-kinds.js'
+import type { TlsExpiry } from '../upstream/upstream-pool.js'
 
 export { LATENCY_BUCKETS } from './metric-exposition.js'
 export { classifyUpstreamError, type UpstreamErrorKind } from '../upstream/upstream-error-kinds.js'
@@ -29,6 +30,8 @@ interface Scalars {
   upstreamClockSkew: number
   /** What /readyz would answer now; unset (not ready) until the admin listener is built. */
   ready: (() => boolean) | undefined
+  /** The upstream TLS certificates' earliest notAfter, read at scrape time; unset: no series. */
+  certificates: (() => TlsExpiry) | undefined
   readonly reloads: Record<ReloadResult, number>
   readonly refusals: Record<CredentialRefusal, number>
 }
@@ -60,6 +63,7 @@ export class ProxyMetrics {
     lastGoodReload: 0,
     upstreamClockSkew: NaN,
     ready: undefined,
+    certificates: undefined,
     reloads: { applied: 0, unchanged: 0, rejected: 0 },
     refusals: { not_a_regular_file: 0, too_large: 0, read_timeout: 0 },
   }
@@ -157,6 +161,11 @@ export class ProxyMetrics {
     this.n.ready = isReady
   }
 
+  /** Where the certificate expiry gauge reads from at scrape time (Upstreams.certificateExpiry: computed when the TLS files change). */
+  observeCertificates (expiry: () => TlsExpiry): void {
+    this.n.certificates = expiry
+  }
+
   /** The exposition text; scrapes that arrive together share one (sharedScrape). */
   text (): Promise<string> {
     this.#scrape ??= sharedScrape(this.registry)
@@ -206,6 +215,18 @@ function registerProcessExporters (registry: Registry, n: Scalars): void {
     help: 'Whether GET /readyz answers 200 now: 1 ready; 0 while the key pair is not loaded, before the proxy listens, or while draining.',
     registers,
     collect () { this.set(n.ready?.() === true ? 1 : 0) },
+  })
+  new Gauge({
+    name: `${PREFIX}certificate_expiration_timestamp_seconds`,
+    help: 'Unix time the upstream TLS certificates in use expire (notAfter), the earliest of each file: certificate="client" (COS_CLIENT_CERT_FILE, its chain included), "ca" (COS_CA_FILE). Absent for a file not set or holding no certificate; a file refused on reload keeps the value of the one in use.',
+    labelNames: ['certificate'],
+    registers,
+    collect () {
+      this.reset()
+      const { client, ca } = n.certificates?.() ?? {}
+      if (client !== undefined) this.set({ certificate: 'client' }, client)
+      if (ca !== undefined) this.set({ certificate: 'ca' }, ca)
+    },
   })
   new Gauge({
     name: `${PREFIX}in_flight_requests`,

@@ -4,6 +4,7 @@
 import { rootCertificates } from 'node:tls'
 import { Pool } from 'undici'
 import { readBoundedFileSync } from '../mounted/bounded-file.js'
+import { earliestNotAfter } from '../mounted/certificate-expiry.js'
 import type { MountedFile } from '../mounted/mounted-files.js'
 import { ConfigError, type Config } from '../config/config.js'
 
@@ -48,6 +49,17 @@ export function readTlsMaterial (files: Config['tls'], texts?: ReadonlyMap<strin
     ...(cert === undefined ? {} : { cert }),
     ...(key === undefined ? {} : { key }),
   }
+}
+
+/** When the TLS files' certificates expire (Unix seconds, the earliest of each file); a file not set, or holding no certificate that parses: absent. */
+export interface TlsExpiry { readonly client?: number, readonly ca?: number }
+
+export function tlsExpiry (m: TlsMaterial): TlsExpiry {
+  const client = m.cert === undefined ? undefined : earliestNotAfter(m.cert)
+  // The file's text is the last entry, after Node's own roots (readTlsMaterial), which are not the operator's to renew.
+  const bundle = m.ca?.at(-1)
+  const ca = bundle === undefined ? undefined : earliestNotAfter(bundle)
+  return { ...(client === undefined ? {} : { client }), ...(ca === undefined ? {} : { ca }) }
 }
 
 export interface UpstreamOptions {

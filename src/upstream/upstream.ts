@@ -9,7 +9,9 @@ import { ConfigError, type Config } from '../config/config.js'
 import { MountedFiles, type MountedOutcome, type Parsed } from '../mounted/mounted-files.js'
 import { EgressAgent, egressProblem } from './egress-agent.js'
 import { egressProxyFor, type Egress, type EgressProxy } from './egress.js'
-import { createPool, readTlsMaterial, tlsFiles, type TlsMaterial, type UpstreamOptions } from './upstream-pool.js'
+import { createPool, readTlsMaterial, tlsExpiry, tlsFiles, type TlsExpiry, type TlsMaterial, type UpstreamOptions } from './upstream-pool.js'
+
+export type { TlsExpiry }
 
 /** A Dispatcher whose underlying pool can be replaced; the proxy's routes see one stable object. */
 export class SwappableDispatcher extends Dispatcher {
@@ -66,6 +68,7 @@ export class Upstreams {
   readonly #egress: Egress
   readonly #dispatchers = new Map<string, SwappableDispatcher>()
   #tls: TlsMaterial
+  #expiry: TlsExpiry
   #watcher: MountedFiles<TlsMaterial, void> | undefined
 
   constructor (opts: UpstreamOptions & { readonly tls: Config['tls'], readonly logger: FastifyBaseLogger, readonly egress?: Egress }) {
@@ -74,6 +77,12 @@ export class Upstreams {
     this.#logger = opts.logger
     this.#egress = opts.egress ?? { noProxy: [] }
     this.#tls = readTlsMaterial(opts.tls)
+    this.#expiry = tlsExpiry(this.#tls)
+  }
+
+  /** When the certificates in force expire (the metrics read it at scrape time); set each time new files are taken, kept when they are refused. */
+  get certificateExpiry (): TlsExpiry {
+    return this.#expiry
   }
 
   dispatcherFor (origin: string): SwappableDispatcher {
@@ -139,6 +148,7 @@ export class Upstreams {
   #take (next: TlsMaterial): boolean {
     if (sameMaterial(next, this.#tls)) return false
     this.#tls = next
+    this.#expiry = tlsExpiry(next)
     for (const [origin, d] of this.#dispatchers) {
       d.replace(this.#create(origin, next)).catch((err: unknown) => this.#logger.warn({ err }, 'closing the previous upstream pool failed'))
     }

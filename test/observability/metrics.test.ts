@@ -83,6 +83,7 @@ t.test('a fresh registry declares every metric with its type; fixed sets start a
     [`${P}credential_last_reload_timestamp_seconds`]: 'gauge',
     [`${P}upstream_clock_skew_seconds`]: 'gauge',
     [`${P}ready`]: 'gauge',
+    [`${P}certificate_expiration_timestamp_seconds`]: 'gauge',
     [`${P}in_flight_requests`]: 'gauge',
   })
   t.equal(value(e, `${P}ready`), 0, 'not ready until told how to tell')
@@ -90,9 +91,22 @@ t.test('a fresh registry declares every metric with its type; fixed sets start a
   t.equal(value(e, `${P}tokens_minted_total`), 0)
   t.equal(value(e, `${P}credential_last_reload_timestamp_seconds`), 0)
   t.equal(value(e, `${P}in_flight_requests`), 0)
-  for (const name of ['requests_total', 'requests_aborted_total', 'request_duration_seconds_count', 'upstream_duration_seconds_count', 'added_duration_seconds_count', 'upstream_responses_total', 'upstream_errors_total', 'upstream_retries_total', 'response_failures_total', 'upstream_clock_skew_seconds']) {
+  for (const name of ['requests_total', 'requests_aborted_total', 'request_duration_seconds_count', 'upstream_duration_seconds_count', 'added_duration_seconds_count', 'upstream_responses_total', 'upstream_errors_total', 'upstream_retries_total', 'response_failures_total', 'upstream_clock_skew_seconds', 'certificate_expiration_timestamp_seconds']) {
     t.same(find(e, P + name), [], `${name}: no series before anything happened`)
   }
+})
+
+t.test('the certificate expiry gauge is read at scrape time: one series per certificate set, none for a file without one', async t => {
+  const m = new ProxyMetrics({ defaultMetrics: false })
+  let expiry: { client?: number, ca?: number } = { client: 1_800_000_000 }
+  m.observeCertificates(() => expiry)
+  let e = await scrape(m)
+  t.equal(value(e, `${P}certificate_expiration_timestamp_seconds`, { certificate: 'client' }), 1_800_000_000)
+  t.equal(find(e, `${P}certificate_expiration_timestamp_seconds`).length, 1, 'no ca series')
+  expiry = { client: 1_900_000_000, ca: 1_700_000_000 }
+  e = await scrape(m)
+  t.equal(value(e, `${P}certificate_expiration_timestamp_seconds`, { certificate: 'client' }), 1_900_000_000)
+  t.equal(value(e, `${P}certificate_expiration_timestamp_seconds`, { certificate: 'ca' }), 1_700_000_000)
 })
 
 t.test('requestFinished counts by route, method and status class', async t => {

@@ -17,6 +17,7 @@ const NAMES: Record<string, string> = {
   upstreamLatency: 'CosAuthProxyUpstreamLatencyHigh',
   clockSkew: 'CosAuthProxyClockSkew',
   injectorFailOpen: 'CosAuthProxyInjectorFailOpen',
+  certificateExpiry: 'CosAuthProxyCertificateExpiringSoon',
 }
 
 /** What the section must say for a threshold's default. */
@@ -24,6 +25,7 @@ const THRESHOLD_WORDS: Record<string, (v: number) => string> = {
   ratio: v => `(default ${Math.round(v * 1000) / 10} %)`,
   p99Seconds: v => `(default ${v} s)`,
   seconds: v => `(default ${v})`,
+  days: v => `(default ${v} days)`,
 }
 
 t.test('each alert\'s section in docs/operations.md gives its default duration and threshold', async t => {

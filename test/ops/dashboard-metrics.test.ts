@@ -3,7 +3,7 @@
 // panel or an alert that can never fire), and every alert's runbook_url
 // points at a section of docs/operations.md that exists.
 import t from 'tap'
-import { METRIC_NAME, proxyFamilies, proxyLabels, read, seriesNames, type LabelSets } from './exported.js'
+import { injectFamilies, METRIC_NAME, proxyFamilies, proxyLabels, read, seriesNames, type LabelSets } from './exported.js'
 import { anchors } from './markdown.js'
 
 const CHART = 'helm/cos-auth-proxy/'
@@ -88,13 +88,14 @@ t.test('every metric and label the Grafana dashboard queries is one a running pr
 })
 
 t.test('every metric and label the alert rules query is one a running proxy exports', async t => {
-  const exported = seriesNames(await proxyFamilies(t))
+  // The proxy's, and the injector's own (its serving certificate's expiry).
+  const exported = new Set([...seriesNames(await proxyFamilies(t)), ...seriesNames(await injectFamilies())])
   const labels = await proxyLabels()
   const all = ruleExpressions(RULES)
   // The injector's alert reads the API server's own series (its test is below).
   const exprs = all.filter(e => !e.includes('apiserver_'))
-  t.equal(exprs.length, 6, 'six alerts on the proxy\'s metrics')
-  t.equal(all.length, 7, 'and one on the API server\'s')
+  t.equal(exprs.length, 7, 'seven alerts on the proxy\'s and the injector\'s metrics')
+  t.equal(all.length, 8, 'and one on the API server\'s')
   for (const expr of exprs) {
     t.ok([...expr.matchAll(METRIC_NAME)].length > 0, `names a metric: ${expr.split('\n')[0] ?? ''}`)
     t.same(unknownNames(expr, exported), [], expr)
@@ -115,7 +116,7 @@ t.test('each alert\'s runbook_url points at its own section of docs/operations.m
   const headings = anchors(DOC)
   const alerts = [...RULES.matchAll(/- alert: (\w+)[\s\S]*?runbook_url: \{\{ \$runbook \}\}#([\w-]+)/g)].map(m => ({ alert: m[1] ?? '', anchor: m[2] ?? '' }))
   t.same(alerts.map(a => a.alert), ['CosAuthProxyNotReady', 'CosAuthProxyUpstreamErrors', 'CosAuthProxyCredentialReloadFailing',
-    'CosAuthProxyTokenMintingFailing', 'CosAuthProxyUpstreamLatencyHigh', 'CosAuthProxyClockSkew', 'CosAuthProxyInjectorFailOpen'])
+    'CosAuthProxyTokenMintingFailing', 'CosAuthProxyUpstreamLatencyHigh', 'CosAuthProxyClockSkew', 'CosAuthProxyCertificateExpiringSoon', 'CosAuthProxyInjectorFailOpen'])
   for (const { alert, anchor } of alerts) {
     t.equal(anchor, alert.toLowerCase(), `${alert}: the anchor of its heading`)
     t.ok(headings.has(anchor), `docs/operations.md has a "${alert}" section (#${anchor})`)

@@ -85,5 +85,6 @@ export async function proxyLabels (): Promise<LabelSets> {
   m.tokenMinted()
   m.credentialReload('rejected', 'too_large')
   m.upstreamClockSkew(1)
+  m.observeCertificates(() => ({ client: 1, ca: 1 }))
   return labelSets(m.registry)
 }

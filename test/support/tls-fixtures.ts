@@ -88,3 +88,27 @@ export async function httpsUpstream (pki: Pki, requireClientCert: boolean): Prom
     close: () => new Promise(resolve => { server.closeAllConnections(); server.close(() => resolve()) }),
   }
 }
+
+export interface DatedCertificate {
+  readonly cert: string
+  readonly key: string
+  /** Unix seconds: the earliest and the latest the certificate's notAfter can be (now + `days`, around the openssl run). */
+  readonly notAfterWithin: readonly [number, number]
+  /** Whether `seconds` is that notAfter (within the bounds). */
+  readonly isNotAfter: (seconds: number | undefined) => boolean
+}
+
+/** A self-signed certificate for 127.0.0.1 (and its key) that expires `days` days from now, made in `dir`. */
+export function datedCertificate (dir: string, name: string, days: number): DatedCertificate {
+  const before = Math.floor(Date.now() / 1000)
+  openssl(dir, ['req', '-x509', ...EC, '-days', String(days), '-subj', `/CN=${name}`, '-keyout', `${name}.key`, '-out', `${name}.pem`,
+    '-addext', 'subjectAltName=IP:127.0.0.1'])
+  const after = Math.ceil(Date.now() / 1000)
+  const [low, high] = [before + days * 86400, after + days * 86400]
+  return {
+    cert: readFileSync(join(dir, `${name}.pem`), 'utf8'),
+    key: readFileSync(join(dir, `${name}.key`), 'utf8'),
+    notAfterWithin: [low, high],
+    isNotAfter: seconds => seconds !== undefined && seconds >= low && seconds <= high,
+  }
+}
