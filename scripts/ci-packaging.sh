@@ -166,6 +166,7 @@ helm_check() {
     "additional properties 'bogus' not allowed|$C|-f $M --set networkPolicy.bogus=true"
     "at '/credentials/existingSecret': 'Cos_Credentials' does not match pattern|$C|-f $M --set credentials.existingSecret=Cos_Credentials"
     "at '/sidecar/native': got string, want boolean|$C|-f $M --set-string sidecar.native=yes"
+    "at '/openshift': got string, want null or boolean|$C|-f $M --set-string openshift=yes"
     "does not match pattern|$C|-f $M --set upstream.apiUrl=ftp://example.com"
     "set proxy.allowFrom|$C|--set mode=deployment --set upstream.apiUrl=https://x --set credentials.existingSecret=s"
     "must be at least shutdown.delaySeconds|$C|-f $M --set terminationGracePeriodSeconds=10"
