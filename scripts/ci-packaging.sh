@@ -11,8 +11,9 @@
 #                       native and plain) and its rendered/ files must be current; bad values
 #                       must be refused; proxy.allowFrom must keep loopback in COS_ALLOW_FROM;
 #                       the injector's env and sidecar ConfigMap as rendered must start
-#                       `cos-auth-proxy inject`; test/fixtures/chart/injector.yaml (the
-#                       chart's sidecar and the injector's, from one render) and
+#                       `cos-auth-proxy inject`; test/fixtures/chart/ (the chart's sidecar
+#                       and the injector's, from one render; every pod the chart renders,
+#                       with and without `openshift`) and
 #                       examples/injector/ (the rendered default definition, for `inject`
 #                       without the chart) must be current, its ConfigMap valid;
 #                       the dashboard ConfigMap must hold the JSON file; examples/podmonitor.yaml
@@ -221,7 +222,7 @@ helm_check() {
       head -40 "$out/$v.diff"; rc=1
     else echo "   $PARENT/rendered/$v.yaml is up to date"; fi
   done
-  echo "-- test/fixtures/chart/injector.yaml (the chart's own sidecar and the injector's ConfigMap, one render)"
+  echo "-- test/fixtures/chart/ (the chart's own sidecar and the injector's ConfigMap, one render; every pod, with and without openshift)"
   HELM="$helm" scripts/render-injector-fixture.sh --check || rc=1
   rm -f "$PARENT"/charts/cos-auth-proxy-*.tgz; rmdir "$PARENT/charts" 2>/dev/null
   return $rc
