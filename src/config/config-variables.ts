@@ -133,6 +133,7 @@ export const INJECT_VARIABLES = {
   COS_INJECT_SIDECAR_FILE: { type: 'string', expect: 'must be a readable JSON file with the sidecar definition ({"container": ..., "volumes": [...]}, the chart renders it)' },
   COS_INJECT_DEFAULT_SECRET: { type: 'string', maxLength: 253, pattern: '^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$', expect: 'must be a Secret name (lower-case DNS subdomain)' },
   COS_INJECT_NATIVE_SIDECAR: { type: 'boolean', default: true, expect: 'must be true (Kubernetes >= 1.29: initContainers with restartPolicy: Always) or false (a plain container)' },
+  COS_INJECT_OPENSHIFT: { type: 'boolean', default: false, expect: 'must be true (no runAsUser/runAsGroup in the injected sidecar: OpenShift\'s SCC assigns them) or false (the definition\'s)' },
 } as const satisfies Record<string, VarSpec>
 
 export type Table = Readonly<Record<string, VarSpec>>

@@ -86,6 +86,33 @@ export function port (annotated: string): number {
   return n
 }
 
+/** A container as far as its ports go. */
+export interface PortsOf { readonly name: string, readonly ports?: readonly { readonly containerPort?: unknown }[] | null }
+
+function firstFree (from: number, taken: (port: number) => boolean): number {
+  let port = from
+  while (taken(port)) port++
+  return port
+}
+
+/** The proxy and admin ports: the annotation's (refused when a container declares it) or the definition's, moved past the containers' own. */
+export function choosePorts (containers: readonly PortsOf[], annotated: string | undefined, defaults: { readonly proxyPort: number, readonly adminPort: number }): { proxy: number, admin: number } {
+  const declared = new Map<number, string>()
+  for (const c of containers) {
+    for (const p of c.ports ?? []) if (typeof p.containerPort === 'number') declared.set(p.containerPort, c.name)
+  }
+  let proxy: number
+  if (annotated === undefined) {
+    proxy = firstFree(defaults.proxyPort, p => declared.has(p))
+  } else {
+    proxy = port(annotated)
+    const owner = declared.get(proxy)
+    if (owner !== undefined) throw new AnnotationProblem(ANNOTATIONS.port, `${proxy} clashes with a port of container ${JSON.stringify(owner)}`)
+  }
+  const admin = firstFree(defaults.adminPort, p => declared.has(p) || p === proxy)
+  return { proxy, admin }
+}
+
 export interface Quantity { readonly text: string, readonly value: number }
 
 // A Kubernetes resource quantity: decimal number and an SI or binary suffix.

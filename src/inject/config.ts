@@ -21,6 +21,8 @@ export interface SidecarChoices {
   readonly nativeSidecar: boolean
   /** The Secret of pods that name none (COS_INJECT_DEFAULT_SECRET). */
   readonly defaultSecret?: string
+  /** No runAsUser/runAsGroup in what is injected (COS_INJECT_OPENSHIFT); absent when false. */
+  readonly openshift?: true
 }
 
 export interface InjectConfig {
@@ -83,7 +85,7 @@ export function readSidecarSettings (file: string, choices: SidecarChoices, prog
   } catch (err) {
     throw new ConfigError('COS_INJECT_SIDECAR_FILE', `${INJECT_VARIABLES.COS_INJECT_SIDECAR_FILE.expect}: ${JSON.stringify(file)} cannot be read (${(err as NodeJS.ErrnoException).code ?? 'error'})`)
   }
-  return injectSettings(parseSidecarFile(text), choices.nativeSidecar, choices.defaultSecret, programVersion)
+  return injectSettings(parseSidecarFile(text), choices.nativeSidecar, choices.defaultSecret, programVersion, choices.openshift === true)
 }
 
 /** Throws ConfigError for the first problem. `env` is the environment only (no .env: the webhook runs in a pod). */
@@ -100,6 +102,7 @@ export function loadInjectConfig (env: NodeJS.ProcessEnv, opts: LoadInjectOption
   const sidecar: SidecarChoices = Object.freeze({
     nativeSidecar: own.COS_INJECT_NATIVE_SIDECAR,
     ...(own.COS_INJECT_DEFAULT_SECRET === undefined ? {} : { defaultSecret: own.COS_INJECT_DEFAULT_SECRET }),
+    ...(own.COS_INJECT_OPENSHIFT ? { openshift: true as const } : {}),
   })
   return Object.freeze({
     listen: { host: own.COS_INJECT_HOST ?? INJECT_VARIABLES.COS_INJECT_HOST.default, port: own.COS_INJECT_PORT },

@@ -27,9 +27,9 @@ export class InjectMetrics {
   constructor (opts: { readonly defaultMetrics?: boolean } = {}) {
     const registers = [this.registry]
     this.injected = new Counter({ name: `${PREFIX}injected_total`, help: 'Pods the sidecar was injected into (dry runs included).', registers })
-    this.skipped = new Counter({ name: `${PREFIX}skipped_total`, help: 'Reviews allowed without the sidecar, by reason: not_a_pod, not_create, not_annotated, already_injected, host_network (the pod gets cos-auth-proxy.io/not-injected saying why).', labelNames: ['reason'], registers })
+    this.skipped = new Counter({ name: `${PREFIX}skipped_total`, help: 'Reviews allowed without the sidecar, by reason: not_a_pod, not_create, not_annotated, already_injected, host_network, windows (those two: the pod gets cos-auth-proxy.io/not-injected saying why).', labelNames: ['reason'], registers })
     this.refused = new Counter({ name: `${PREFIX}refused_total`, help: 'Pods denied for a bad annotation value, by annotation; cos-auth-proxy.io/inject: the pod cannot take the sidecar (a volume of one of its names).', labelNames: ['annotation'], registers })
-    this.warnings = new Counter({ name: `${PREFIX}warnings_total`, help: 'Warnings returned with a review (kubectl shows them), by reason: host_network, has_sidecar, share_process_namespace, host_pid.', labelNames: ['reason'], registers })
+    this.warnings = new Counter({ name: `${PREFIX}warnings_total`, help: 'Warnings returned with a review (kubectl shows them), by reason: host_network, windows, has_sidecar, share_process_namespace, host_pid.', labelNames: ['reason'], registers })
     this.errors = new Counter({ name: `${PREFIX}errors_total`, help: 'Requests to /mutate answered with an error: malformed (400, 413), internal (500) or busy (503: the bodies in flight are at their bound).', labelNames: ['kind'], registers })
     this.tooLarge = new Counter({ name: `${PREFIX}patch_too_large_total`, help: 'Pods denied because their patch would pass the bound of one answer (128 KiB: hundreds of containers, or a very long env annotation).', registers })
     this.cut = new Counter({ name: `${PREFIX}unread_answers_cut_total`, help: 'Connections closed to make room for a new answer: the answers written and not read by their clients were at their bound (4 MiB).', registers })

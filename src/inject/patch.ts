@@ -1,7 +1,7 @@
 // AdmissionReview (admission.k8s.io/v1) in, AdmissionReview out: the pure
 // core of `cos-auth-proxy inject`. No I/O: the same review always gets the
 // same answer (a dry run included), and Secrets are only named, never read.
-import { accessLog, allowedMethods, AnnotationProblem, ANNOTATIONS, atLeast, configMapName, envVarName, logLevel, port, quantity, secretName } from './annotations.js'
+import { accessLog, allowedMethods, AnnotationProblem, ANNOTATIONS, atLeast, choosePorts, configMapName, envVarName, logLevel, quantity, secretName } from './annotations.js'
 import { personalize, type EnvVar, type SidecarTemplate, type TemplateFacts } from './sidecar.js'
 
 /** One sidecar definition as the webhook applies it; replaced whole when the file changes. */
@@ -14,15 +14,15 @@ export interface InjectSettings {
   readonly version: string
 }
 
-export type SkipReason = 'not_a_pod' | 'not_create' | 'not_annotated' | 'already_injected' | 'host_network'
+export type SkipReason = 'not_a_pod' | 'not_create' | 'not_annotated' | 'already_injected' | 'host_network' | 'windows'
 
 /** Why a pod's review carries a warning: kubectl prints it, the log and cos_auth_proxy_inject_warnings_total{reason} count it. */
-export type WarningReason = 'host_network' | 'has_sidecar' | 'share_process_namespace' | 'host_pid'
+export type WarningReason = 'host_network' | 'has_sidecar' | 'share_process_namespace' | 'host_pid' | 'windows'
 export interface Warning { readonly reason: WarningReason, readonly message: string }
 
 export type Outcome =
   | { readonly kind: 'injected', readonly patch: readonly PatchOperation[], readonly warnings?: readonly Warning[] }
-  /** A patch only with host_network: the annotation that says why (cos-auth-proxy.io/not-injected). */
+  /** A patch only with host_network and windows: the annotation that says why (cos-auth-proxy.io/not-injected). */
   | { readonly kind: 'skipped', readonly reason: SkipReason, readonly patch?: readonly PatchOperation[], readonly warnings?: readonly Warning[] }
   | { readonly kind: 'refused', readonly annotation: string, readonly message: string }
 
@@ -66,6 +66,8 @@ interface Pod {
   readonly hostNetwork: boolean
   readonly hostPID: boolean
   readonly shareProcessNamespace: boolean
+  /** How the pod is bound to Windows nodes (windowsOnly), where the Linux sidecar cannot run. */
+  readonly windows?: string
 }
 
 type Json = Record<string, unknown>
@@ -96,6 +98,7 @@ function readPod (object: unknown): Pod {
   const initContainers = containerList(spec.initContainers, 'initContainers')
   const grace = spec.terminationGracePeriodSeconds
   const volumes: unknown[] = Array.isArray(spec.volumes) ? spec.volumes : []
+  const windows = windowsOnly(spec)
   return {
     annotations: annotations ?? {},
     containers,
@@ -106,7 +109,29 @@ function readPod (object: unknown): Pod {
     hostNetwork: spec.hostNetwork === true,
     hostPID: spec.hostPID === true,
     shareProcessNamespace: spec.shareProcessNamespace === true,
+    ...(windows === undefined ? {} : { windows }),
   }
+}
+
+const OS_LABELS: readonly unknown[] = ['kubernetes.io/os', 'beta.kubernetes.io/os']
+
+/** A nodeSelectorTerm that only Windows (no Linux) nodes match: an expression on the OS label that leaves linux out. */
+function excludesLinux (term: unknown): boolean {
+  const expressions: unknown[] = isObject(term) && Array.isArray(term.matchExpressions) ? term.matchExpressions : []
+  return expressions.some(e => isObject(e) && OS_LABELS.includes(e.key) && Array.isArray(e.values) &&
+    (e.operator === 'In' ? !e.values.includes('linux') : e.operator === 'NotIn' && e.values.includes('linux')))
+}
+
+/** spec.os.name, a node selector on the OS label, or a required node affinity whose every term excludes Linux. */
+function windowsOnly (spec: Json): string | undefined {
+  if (isObject(spec.os) && spec.os.name === 'windows') return 'spec.os.name: windows'
+  const selector = isObject(spec.nodeSelector) ? spec.nodeSelector : {}
+  const label = OS_LABELS.find(l => selector[l as string] === 'windows')
+  if (label !== undefined) return `nodeSelector ${label as string}: windows`
+  const affinity = isObject(spec.affinity) && isObject(spec.affinity.nodeAffinity) ? spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution : undefined
+  const terms = isObject(affinity) ? affinity.nodeSelectorTerms : undefined
+  if (Array.isArray(terms) && terms.length > 0 && terms.every(excludesLinux)) return 'a required node affinity on kubernetes.io/os without linux'
+  return undefined
 }
 
 /** The request part of a review, checked as far as this webhook reads it. */
@@ -147,6 +172,12 @@ function decide (request: Json, settings: InjectSettings): Outcome {
   const pod = readPod(request.object)
   if (pod.annotations[ANNOTATIONS.inject] !== 'true') return { kind: 'skipped', reason: 'not_annotated' }
   if (pod.annotations[ANNOTATIONS.injected] !== undefined) return { kind: 'skipped', reason: 'already_injected' }
+  // istio/istio#39788, Azure/azure-workload-identity#1017: a Linux sidecar in a Windows pod breaks the pod.
+  if (pod.windows !== undefined) {
+    const message = `${pod.windows}: the pod is for Windows nodes, and the sidecar is a Linux container (its image has no Windows variant)`
+    const patch = [{ op: 'add' as const, path: `/metadata/annotations/${pointer(ANNOTATIONS.notInjected)}`, value: message }]
+    return { kind: 'skipped', reason: 'windows', patch, warnings: [{ reason: 'windows', message }] }
+  }
   // linkerd's injector declines such pods for the same reason (host_network_enabled).
   if (pod.hostNetwork) {
     const patch = [{ op: 'add' as const, path: `/metadata/annotations/${pointer(ANNOTATIONS.notInjected)}`, value: HOST_NETWORK }]
@@ -209,7 +240,7 @@ function patchFor (pod: Pod, settings: InjectSettings): PatchOperation[] {
   }
   const { facts } = settings
   const envName = envVarName(text(ANNOTATIONS.env))
-  const ports = choosePorts(pod, text(ANNOTATIONS.port), facts)
+  const ports = choosePorts([...pod.initContainers ?? [], ...pod.containers], text(ANNOTATIONS.port), facts)
   const cpu = quantity(ANNOTATIONS.cpu, text(ANNOTATIONS.cpu), 'cpu')
   const memory = quantity(ANNOTATIONS.memory, text(ANNOTATIONS.memory), 'memory')
   const methods = allowedMethods(text(ANNOTATIONS.allowedMethods))
@@ -257,33 +288,4 @@ function envOps (list: 'containers' | 'initContainers', containers: readonly Con
     else if (!c.env.some(e => e.name === url.name)) ops.push({ op: 'add', path: `/spec/${list}/${i}/env/-`, value: url })
   })
   return ops
-}
-
-function declaredPorts (pod: Pod): Map<number, string> {
-  const ports = new Map<number, string>()
-  for (const c of [...pod.initContainers ?? [], ...pod.containers]) {
-    for (const p of c.ports ?? []) if (typeof p.containerPort === 'number') ports.set(p.containerPort, c.name)
-  }
-  return ports
-}
-
-function firstFree (from: number, taken: (port: number) => boolean): number {
-  let port = from
-  while (taken(port)) port++
-  return port
-}
-
-/** The proxy and admin ports: the definition's unless a container declares them. */
-function choosePorts (pod: Pod, annotated: string | undefined, facts: TemplateFacts): { proxy: number, admin: number } {
-  const declared = declaredPorts(pod)
-  let proxy: number
-  if (annotated === undefined) {
-    proxy = firstFree(facts.proxyPort, p => declared.has(p))
-  } else {
-    proxy = port(annotated)
-    const owner = declared.get(proxy)
-    if (owner !== undefined) throw new AnnotationProblem(ANNOTATIONS.port, `${proxy} clashes with a port of container ${JSON.stringify(owner)}`)
-  }
-  const admin = firstFree(facts.adminPort, p => declared.has(p) || p === proxy)
-  return { proxy, admin }
 }

@@ -205,6 +205,7 @@ export async function startWebhook (config: InjectConfig, logger: Logger, progra
     version: current.version,
     sidecarFile: config.sidecarFile,
     nativeSidecar: current.nativeSidecar,
+    openshift: config.sidecar.openshift === true,
     defaultSecret: current.defaultSecret ?? null,
   }, 'cos-auth-proxy injection webhook listening')
   return { address: bound.address, adminAddress: bound.adminAddress, stop, exitOnSignals }

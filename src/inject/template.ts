@@ -116,12 +116,26 @@ function definitionVersion (programVersion: string, template: SidecarTemplate, n
   return `${programVersion}-${hash}`
 }
 
-/** The settings patch.ts applies, from a checked definition. */
-export function injectSettings (parsed: { template: SidecarTemplate, facts: TemplateFacts }, nativeSidecar: boolean, defaultSecret: string | undefined, programVersion: string): InjectSettings {
+/**
+ * COS_INJECT_OPENSHIFT: the container without runAsUser and runAsGroup, for
+ * OpenShift's restricted-v2 SCC to assign from the namespace's range (a fixed
+ * uid outside it gets the pod refused). runAsNonRoot and the rest stay.
+ */
+function withoutFixedIds (t: SidecarTemplate): SidecarTemplate {
+  const context = t.container.securityContext
+  if (!isObject(context)) return t
+  const securityContext = Object.fromEntries(Object.entries(context).filter(([k]) => k !== 'runAsUser' && k !== 'runAsGroup'))
+  return { ...t, container: { ...t.container, securityContext } }
+}
+
+/** The settings patch.ts applies, from a checked definition (openshift: COS_INJECT_OPENSHIFT). */
+export function injectSettings (parsed: { template: SidecarTemplate, facts: TemplateFacts }, nativeSidecar: boolean, defaultSecret: string | undefined, programVersion: string, openshift = false): InjectSettings {
+  const template = openshift ? withoutFixedIds(parsed.template) : parsed.template
   return Object.freeze({
-    ...parsed,
+    template,
+    facts: parsed.facts,
     nativeSidecar,
     ...(defaultSecret === undefined ? {} : { defaultSecret }),
-    version: definitionVersion(programVersion, parsed.template, nativeSidecar),
+    version: definitionVersion(programVersion, template, nativeSidecar),
   })
 }

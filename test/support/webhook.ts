@@ -8,6 +8,7 @@ import type { Test } from 'tap'
 import type { ByteBudget } from '../../src/client/bytes-in-flight.js'
 import type { WebhookLimits } from '../../src/inject/limits.js'
 import { InjectMetrics } from '../../src/inject/metrics.js'
+import type { InjectSettings } from '../../src/inject/patch.js'
 import { buildWebhookServer, type CertificateFiles } from '../../src/inject/server.js'
 import { createLogger } from '../../src/observability/logger.js'
 import { LogCapture } from './helpers.js'
@@ -20,6 +21,8 @@ export interface TestWebhookOptions {
   /** A logger of the test's own; else one at info into `logs`. */
   readonly logger?: FastifyBaseLogger
   readonly certificateCheckMs?: number
+  /** The definition it injects; the example's (EXAMPLE_SETTINGS) unless given. */
+  readonly settings?: InjectSettings
 }
 
 export interface TestWebhook {
@@ -36,7 +39,7 @@ export async function startTestWebhook (t: Test, opts: TestWebhookOptions): Prom
   const metrics = new InjectMetrics({ defaultMetrics: false })
   const logs = new LogCapture()
   const app = await buildWebhookServer({
-    settings: () => EXAMPLE_SETTINGS,
+    settings: () => opts.settings ?? EXAMPLE_SETTINGS,
     tls: opts.tls,
     metrics,
     logger: opts.logger ?? createLogger('info', logs),

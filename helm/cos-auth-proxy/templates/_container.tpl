@@ -74,12 +74,7 @@ resources:
   {{- toYaml $v.resources | nindent 2 }}
 securityContext:
   runAsNonRoot: true
-  {{- if not (kindIs "invalid" $v.securityContext.runAsUser) }}
-  runAsUser: {{ $v.securityContext.runAsUser }}
-  {{- end }}
-  {{- if not (kindIs "invalid" $v.securityContext.runAsGroup) }}
-  runAsGroup: {{ $v.securityContext.runAsGroup }}
-  {{- end }}
+  {{- with include "cos-auth-proxy.runAs" $ctx }}{{ . | trim | nindent 2 }}{{ end }}
   readOnlyRootFilesystem: true
   allowPrivilegeEscalation: false
   privileged: false
@@ -100,8 +95,8 @@ terminationMessagePolicy: FallbackToLogsOnError
 {{- $ctx := .ctx -}}
 {{- $v := $ctx.Values -}}
 {{- $mode := $v.credentials.defaultMode -}}
-{{- /* 0444 in a parent's pod (its fsGroup is unknown) or without fsGroup; else 0440 for the fsGroup */ -}}
-{{- if kindIs "invalid" $mode -}}{{- $mode = ternary 292 288 (or .sidecar (kindIs "invalid" $v.podSecurityContext.fsGroup)) -}}{{- end -}}
+{{- /* 0444 in a parent's pod (its fsGroup is unknown) or without fsGroup (openshift: the SCC's, unknown); else 0440 for the fsGroup */ -}}
+{{- if kindIs "invalid" $mode -}}{{- $mode = ternary 292 288 (or .sidecar (not (include "cos-auth-proxy.fsGroup" $ctx))) -}}{{- end -}}
 - name: {{ include "cos-auth-proxy.volumeName" (dict "ctx" $ctx "sidecar" .sidecar "what" "credentials") }}
   secret:
     secretName: {{ include "cos-auth-proxy.credentialsSecretName" $ctx }}
@@ -136,4 +131,55 @@ terminationMessagePolicy: FallbackToLogsOnError
   block (4 KiB) as usage and evicted pods under a 1Ki limit. */}}
   emptyDir: {}
 {{- end }}
+{{- end -}}
+
+{{/*
+OpenShift's restricted-v2 SCC (values.yaml, openshift): "true" when no pod or
+container gets a fixed uid, gid or fsGroup. Null: when the cluster serves
+security.openshift.io/v1 (what `helm install` sees; `helm template` needs
+--api-versions). Called with the chart's context.
+*/}}
+{{- define "cos-auth-proxy.openshift" -}}
+{{- if kindIs "invalid" .Values.openshift -}}
+{{- if .Capabilities.APIVersions.Has "security.openshift.io/v1" }}true{{ end -}}
+{{- else if .Values.openshift }}true{{ end -}}
+{{- end -}}
+
+{{/* The runAsUser and runAsGroup lines of a securityContext: none on OpenShift, none for a null value. */}}
+{{- define "cos-auth-proxy.runAs" -}}
+{{- $sc := .Values.securityContext -}}
+{{- if not (include "cos-auth-proxy.openshift" .) -}}
+{{- if not (kindIs "invalid" $sc.runAsUser) }}
+runAsUser: {{ $sc.runAsUser }}
+{{- end }}
+{{- if not (kindIs "invalid" $sc.runAsGroup) }}
+runAsGroup: {{ $sc.runAsGroup }}
+{{- end }}
+{{- end -}}
+{{- end -}}
+
+{{/* The pod's fsGroup, or "" (null, or OpenShift: the SCC assigns one). */}}
+{{- define "cos-auth-proxy.fsGroup" -}}
+{{- if not (or (include "cos-auth-proxy.openshift" .) (kindIs "invalid" .Values.podSecurityContext.fsGroup)) -}}
+{{- .Values.podSecurityContext.fsGroup -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The pod's own securityContext lines (the chart's Deployment and the injector's). */}}
+{{- define "cos-auth-proxy.podSecurityContext" -}}
+runAsNonRoot: true
+{{- with include "cos-auth-proxy.runAs" . }}{{ . }}{{ end }}
+{{- with include "cos-auth-proxy.fsGroup" . }}
+fsGroup: {{ . }}
+{{- end }}
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{/*
+A nodeSelector map (called with the user's, or nil) with kubernetes.io/os: linux
+added unless it names that key: the image is Linux only (linux/amd64, linux/arm64).
+*/}}
+{{- define "cos-auth-proxy.linuxNodeSelector" -}}
+{{- toYaml (merge (dict) (. | default dict) (dict "kubernetes.io/os" "linux")) -}}
 {{- end -}}
