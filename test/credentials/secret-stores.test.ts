@@ -1,9 +1,12 @@
 // The key pair as the secret stores people use deliver it (docs/kubernetes.md,
 // "Credentials from a secret store"), written step for step as each store's
 // own writer does (test/mounted/volume.ts), followed by the real watcher and
-// signed by the real proxy under steady load, against an upstream that
-// verifies every token and tells a mixed pair (one pair's key, another's
-// secret) from an unknown one. External Secrets Operator writes a Kubernetes
+// signed by the real proxy under steady load. Upstream, the mock API verifies
+// every token, one instance per pair the API accepts (the old pair stays valid
+// across a rotation, as the real API's does), behind a front that hands each
+// request to the instance of its access key: a token with a known key whose
+// signature the mock API refuses (`bad_signature`) was signed with another
+// pair's secret, a mixed pair. External Secrets Operator writes a Kubernetes
 // Secret, which reaches the pod through the kubelet's atomic writer: that is
 // rotation.test.ts's Kubernetes case, not repeated here.
 //  - The Secrets Store CSI driver: its copy of the kubelet's atomic writer
@@ -19,12 +22,14 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
 import t, { type Test } from 'tap'
+import type { FastifyInstance } from 'fastify'
 import { loadConfig } from '../../src/config/config.js'
 import { CredentialWatcher, PARTIAL_PAIR_HOLD_MS } from '../../src/credentials/credential-watcher.js'
 import { CredentialStore } from '../../src/credentials/credentials.js'
 import { createLogger } from '../../src/observability/logger.js'
+import { buildMockApi } from '../../src/mock-api/mock-api.js'
 import { buildProxyServer } from '../../src/proxy/proxy-server.js'
-import { HeaderMinter, parseToken, secretKey, verifyToken } from '../../src/token/token.js'
+import { HeaderMinter, parseToken, secretKey } from '../../src/token/token.js'
 import { LogCapture, startUpstream, until } from '../support/helpers.js'
 import { Volume } from '../mounted/volume.js'
 
@@ -48,28 +53,44 @@ type Verdict = 'ok' | 'mixed' | 'unknown'
 interface Running {
   readonly store: CredentialStore
   readonly url: string
-  /** Pairs the upstream accepts (the old one stays valid across a rotation, as the API's do). */
-  readonly accepted: Pair[]
+  /** The API accepts `p` from now on (a mock API for it), the pairs before it still. */
+  readonly accept: (p: Pair) => Promise<void>
   readonly verdicts: Map<Verdict, number>
-  /** Each access key the upstream verified, in the order first seen. */
+  /** Each access key the mock API accepted a token of, in the order first seen. */
   readonly keysSeen: string[]
 }
 
-/** The real proxy and watcher on `volume`'s files, with an upstream that verifies every token. */
+/** The real proxy and watcher on `volume`'s files, upstream the mock API for each accepted pair. */
 async function running (t: Test, volume: Volume, first: Pair): Promise<Running> {
-  const accepted = [first]
+  const mocks = new Map<string, { readonly app: FastifyInstance, readonly port: number }>()
   const verdicts = new Map<Verdict, number>()
   const keysSeen: string[] = []
+  const count = (v: Verdict): void => { verdicts.set(v, (verdicts.get(v) ?? 0) + 1) }
+  const accept = async (p: Pair): Promise<void> => {
+    const app = buildMockApi({ accessKey: p.key, key: secretKey(p.secret) })
+    await app.listen({ host: '127.0.0.1', port: 0 })
+    mocks.set(p.key, { app, port: (app.server.address() as AddressInfo).port })
+  }
+  await accept(first)
   const upstream = await startUpstream((req, res) => {
-    const header = req.headers.authorization ?? ''
-    const parsed = parseToken(header)
-    const signedBy = (p: Pair): boolean => parsed.ok && verifyToken(header, { accessKey: p.key, key: secretKey(p.secret) }).ok
-    const ok = accepted.find(signedBy)
-    const v: Verdict = ok !== undefined ? 'ok' : parsed.ok && accepted.some(p => p.key === parsed.fields.accessKey) ? 'mixed' : 'unknown'
-    verdicts.set(v, (verdicts.get(v) ?? 0) + 1)
-    if (ok !== undefined && !keysSeen.includes(ok.key)) keysSeen.push(ok.key)
-    res.statusCode = v === 'ok' ? 200 : 401
-    res.end(v)
+    const parsed = parseToken(req.headers.authorization ?? '')
+    const mock = parsed.ok ? mocks.get(parsed.fields.accessKey) : undefined
+    if (mock === undefined || !parsed.ok) { count('unknown'); res.writeHead(401).end('unknown key'); return }
+    const key = parsed.fields.accessKey
+    const forward = httpRequest({ host: '127.0.0.1', port: mock.port, method: req.method, path: req.url, headers: req.headers }, answer => {
+      const chunks: Buffer[] = []
+      answer.on('data', (c: Buffer) => chunks.push(c))
+      answer.on('end', () => {
+        const body = Buffer.concat(chunks)
+        if (answer.statusCode === 200) {
+          count('ok')
+          if (!keysSeen.includes(key)) keysSeen.push(key)
+        } else count(body.toString().includes('"bad_signature"') ? 'mixed' : 'unknown')
+        res.writeHead(answer.statusCode ?? 502, { 'content-type': answer.headers['content-type'] ?? 'application/json' }).end(body)
+      })
+    })
+    forward.on('error', () => { count('unknown'); res.writeHead(502).end() })
+    forward.end()
   })
   const config = loadConfig({
     env: { COS_API_URL: upstream.url, COS_ACCESS_KEY_FILE: volume.path(KEY), COS_ACCESS_KEY_SECRET_FILE: volume.path(SECRET), COS_LISTEN_PORT: '0' },
@@ -81,8 +102,13 @@ async function running (t: Test, volume: Volume, first: Pair): Promise<Running> 
   const app = await buildProxyServer({ config, credentials: store, logger, resyncCredentials: () => { watcher.nudge() } })
   t.same(await watcher.start(), { result: 'applied', accessKey: first.key }, 'the first pair in force')
   await app.listen({ host: '127.0.0.1', port: 0 })
-  t.teardown(async () => { watcher.close(); await app.close(); await upstream.close() })
-  return { store, url: `http://127.0.0.1:${(app.server.address() as AddressInfo).port}/v1/clusters`, accepted, verdicts, keysSeen }
+  t.teardown(async () => {
+    watcher.close()
+    await app.close()
+    await upstream.close()
+    await Promise.all([...mocks.values()].map(m => m.app.close()))
+  })
+  return { store, url: `http://127.0.0.1:${(app.server.address() as AddressInfo).port}/management/v1/clusters`, accept, verdicts, keysSeen }
 }
 
 function inForce (store: CredentialStore, p: Pair): boolean {
@@ -130,7 +156,7 @@ t.test('Vault Agent: a key rendered into place before its secret never signs a r
   for (const order of [[KEY, SECRET], [SECRET, KEY]] as const) {
     const next = newPair()
     pairs.push(next)
-    r.accepted.push(next) // the new pair is valid before it is delivered; the old one stays valid
+    await r.accept(next) // the new pair is valid before it is delivered; the old one stays valid
     const text = files(next)
     volume.renderTemplate(order[0], text[order[0]] ?? '', 0o440)
     await sleep(300)
@@ -172,7 +198,7 @@ t.test('Secrets Store CSI driver: its atomic writer (symlinks made before the ..
   for (let i = 1; i <= 2; i++) {
     const next = newPair()
     pairs.push(next)
-    r.accepted.push(next)
+    await r.accept(next)
     volume.csiDriverSwap(files(next))
     t.ok(await until(() => r.keysSeen.includes(next.key), 2000), `rotation ${i}: the upstream sees the new key within 2 s`)
     await sleep(200)
