@@ -32,6 +32,15 @@ interface Pair { readonly accessKey: string, readonly minter: HeaderMinter }
 
 const UNCHANGED: ReloadOutcome = { result: 'unchanged' }
 
+/**
+ * A new key with the secret in force (or the other way round) is half a
+ * rotation, most likely: a key comes with its own secret. Vault Agent renders
+ * each file as its own template and renames each into place on its own, so
+ * the second can land well after the first. Such a pair waits this long for
+ * the other file, the pair in force signing meanwhile; then it is taken as it is.
+ */
+export const PARTIAL_PAIR_HOLD_MS = 2000
+
 export class CredentialWatcher {
   readonly #files: MountedFiles<Pair, ReloadOutcome>
 
@@ -63,6 +72,7 @@ export class CredentialWatcher {
       },
       closed: UNCHANGED,
       pollMs: opts.reloadMs,
+      holdPartialMs: PARTIAL_PAIR_HOLD_MS,
       logger,
       ...(opts.readTimeoutMs === undefined ? {} : { readTimeoutMs: opts.readTimeoutMs }),
     })

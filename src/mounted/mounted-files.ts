@@ -14,6 +14,10 @@
 //  - settling: a changed content is used only once two reads SETTLE_MS
 //    (50 ms) apart agree, so a pair written one file at a time, or a file
 //    truncated then written, is not seen half done (at most MAX_READS reads);
+//  - partial changes held (a consumer's `holdPartialMs`): a settled read in
+//    which some of the files changed and others did not waits up to that long
+//    for the rest (files renamed into place one at a time, far apart, as
+//    Vault Agent's templates are), re-read every SETTLE_MS; then it is taken;
 //  - dedupe: the same bytes as the value in force are `unchanged`, with no
 //    parse; bytes already rejected, or the same read failure, are reported
 //    `repeated`, so a consumer logs and counts a bad file once;
@@ -77,6 +81,8 @@ export interface MountedFilesOptions<T, R> {
   readonly logger: FastifyBaseLogger
   /** Default READ_TIMEOUT_MS. */
   readonly readTimeoutMs?: number
+  /** Some files changed and the others not: wait this long for the rest before taking it. Default: taken at once. */
+  readonly holdPartialMs?: number
 }
 
 export const SETTLE_MS = 50
@@ -88,7 +94,8 @@ export const READ_TIMEOUT_MS = 1000
 export const NUDGE_INTERVAL_MS = 250
 
 type Failure = Omit<MountedFailure, 'repeated'>
-type Raw = { readonly ok: true, readonly texts: readonly string[], readonly digest: string } | { readonly ok: false, readonly failure: Failure }
+/** `parts`: each file's digest, to tell a partial change. */
+type Raw = { readonly ok: true, readonly texts: readonly string[], readonly digest: string, readonly parts: readonly string[] } | { readonly ok: false, readonly failure: Failure }
 
 export class MountedFiles<T, R> {
   readonly #opts: MountedFilesOptions<T, R>
@@ -98,8 +105,9 @@ export class MountedFiles<T, R> {
   #poll: NodeJS.Timeout | undefined
   #running: Promise<R> | undefined
   #queued: Promise<R> | undefined
-  /** The digest of the bytes in force. */
+  /** The digest of the bytes in force, and of each file. */
   #inForce: string | undefined
+  #inForceParts: readonly string[] = []
   /** What the last failure was (a digest of the bytes, or the read problem); undefined after a success. */
   #failed: string | undefined
   #lastFailure: MountedFailure | undefined
@@ -170,19 +178,37 @@ export class MountedFiles<T, R> {
   }
 
   async #look (): Promise<R> {
+    let read = await this.#settled()
+    const until = performance.now() + (this.#opts.holdPartialMs ?? 0)
+    while (read !== undefined && this.#partial(read) && performance.now() < until) {
+      await sleep(SETTLE_MS)
+      read = this.#closed ? undefined : await this.#settled()
+    }
+    return read === undefined ? this.#opts.closed : this.#finish(read)
+  }
+
+  /** A read two reads SETTLE_MS apart agree on (undefined: closed meanwhile). */
+  async #settled (): Promise<Raw | undefined> {
     let last = await this.#readWithin()
-    if (!this.#needsSettling(last)) return this.#finish(last)
+    if (!this.#needsSettling(last)) return last
     for (let reads = 1; ; reads++) {
       if (reads === MAX_READS) {
-        return this.#finish({ ok: false, failure: { result: 'unreadable', variable: this.#allVariables, problem: `kept changing for ${SETTLE_MS * (MAX_READS - 1)} ms while being read` } })
+        return { ok: false, failure: { result: 'unreadable', variable: this.#allVariables, problem: `kept changing for ${SETTLE_MS * (MAX_READS - 1)} ms while being read` } }
       }
       // Not unref'd: start() may be all the process is waiting for.
       await sleep(SETTLE_MS)
-      if (this.#closed) return this.#opts.closed
+      if (this.#closed) return undefined
       const next = await this.#readWithin()
-      if (agree(last, next)) return this.#finish(next)
+      if (agree(last, next)) return next
       last = next
     }
+  }
+
+  /** Some files hold what is in force and others do not: perhaps half written. */
+  #partial (r: Raw): boolean {
+    if (!r.ok || r.digest === this.#inForce) return false
+    const same = r.parts.filter((p, i) => p === this.#inForceParts[i]).length
+    return same > 0 && same < r.parts.length
   }
 
   /** Bytes in force, bytes or a failure already reported, or no files at all: nothing can be half written. */
@@ -211,15 +237,15 @@ export class MountedFiles<T, R> {
   async #readAll (): Promise<Raw> {
     const { files } = this.#opts
     const reads = await Promise.all(files.map(f => readBoundedFile(f.path, f.maxBytes)))
-    const hash = createHash('sha256')
     const texts: string[] = []
+    const parts: string[] = []
     for (const [i, read] of reads.entries()) {
       const file = files[i] as MountedFile
       if (!read.ok) return { ok: false, failure: { result: 'unreadable', variable: file.variable, problem: read.problem, ...(read.refusal === undefined ? {} : { refusal: read.refusal }) } }
       texts.push(read.text)
-      hash.update(`${String(read.text.length)}:`).update(read.text)
+      parts.push(createHash('sha256').update(read.text).digest('hex'))
     }
-    return { ok: true, texts, digest: hash.digest('hex') }
+    return { ok: true, texts, digest: createHash('sha256').update(parts.join(':')).digest('hex'), parts }
   }
 
   /** Parses, checks and applies a settled read, and reports it. */
@@ -230,17 +256,18 @@ export class MountedFiles<T, R> {
 
   #outcome (r: Raw): MountedOutcome<T> {
     if (!r.ok) return this.#failure(r.failure, failureKey(r.failure))
-    if (r.digest === this.#inForce) return this.#unchanged(r.digest)
+    if (r.digest === this.#inForce) return this.#unchanged(r)
     if (r.digest === this.#failed) return { ...this.#lastFailure as MountedFailure, repeated: true } // bytes already rejected: not parsed again
     const parsed = this.#opts.parse(r.texts)
     if (!parsed.ok) return this.#failure({ result: 'rejected', variable: parsed.variable, problem: parsed.problem }, r.digest)
-    if (this.#opts.inForce?.(parsed.value) === true) return this.#unchanged(r.digest)
+    if (this.#opts.inForce?.(parsed.value) === true) return this.#unchanged(r)
     try {
       this.#opts.apply(parsed.value)
     } catch (err) {
       return this.#failure({ result: 'rejected', variable: this.#allVariables, problem: (err as Error).message }, r.digest)
     }
     this.#inForce = r.digest
+    this.#inForceParts = r.parts
     this.#failed = undefined
     return { result: 'applied', value: parsed.value }
   }
@@ -252,9 +279,10 @@ export class MountedFiles<T, R> {
     return failure
   }
 
-  #unchanged (digest: string): MountedOutcome<T> {
+  #unchanged (r: Raw & { ok: true }): MountedOutcome<T> {
     const recovered = this.#failed !== undefined
-    this.#inForce = digest
+    this.#inForce = r.digest
+    this.#inForceParts = r.parts
     this.#failed = undefined
     return { result: 'unchanged', recovered }
   }

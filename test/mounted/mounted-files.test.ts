@@ -7,6 +7,7 @@ import { execFileSync } from 'node:child_process'
 import { mkdirSync, mkdtempSync, rmSync, truncateSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
+import { setTimeout as sleep } from 'node:timers/promises'
 import t, { type Test } from 'tap'
 import { MountedFiles, type MountedOutcome } from '../../src/mounted/mounted-files.js'
 import { createLogger } from '../../src/observability/logger.js'
@@ -26,7 +27,7 @@ interface Probe {
 }
 
 let n = 0
-function probe (t: Test, paths: readonly string[], opts: { readonly apply?: (v: string) => void, readonly pollMs?: number, readonly readTimeoutMs?: number } = {}): Probe {
+function probe (t: Test, paths: readonly string[], opts: { readonly apply?: (v: string) => void, readonly pollMs?: number, readonly readTimeoutMs?: number, readonly holdPartialMs?: number } = {}): Probe {
   const outcomes: MountedOutcome<string>[] = []
   const applied: string[] = []
   const logs = new LogCapture()
@@ -46,6 +47,7 @@ function probe (t: Test, paths: readonly string[], opts: { readonly apply?: (v: 
     pollMs: opts.pollMs ?? 600_000,
     logger: createLogger('trace', logs),
     ...(opts.readTimeoutMs === undefined ? {} : { readTimeoutMs: opts.readTimeoutMs }),
+    ...(opts.holdPartialMs === undefined ? {} : { holdPartialMs: opts.holdPartialMs }),
   })
   t.teardown(() => { files.close() })
   return { files, outcomes, applied, parses: () => parses, logs }
@@ -114,6 +116,26 @@ t.test('a file truncated then written is settled past: the whole new content, ne
   setTimeout(() => { writeFileSync(file, 'two') }, 20)
   t.same(await look, { result: 'applied', value: 'two' })
   t.same(p.applied, ['one', 'two'])
+})
+
+t.test('a change to some of the files is held for the rest (holdPartialMs): never applied half, not at all if reverted, and taken alone once the hold ends', async t => {
+  const d = dir('partial')
+  const [a, b] = [join(d, 'a'), join(d, 'b')]
+  writeFileSync(a, 'a1')
+  writeFileSync(b, 'b1')
+  const p = probe(t, [a, b], { holdPartialMs: 800 })
+  t.same(await p.files.start(), { result: 'applied', value: 'a1|b1' })
+  writeFileSync(a, 'a2')
+  await sleep(250) // five times the settling: without the hold, a2|b1 would be in force by now
+  writeFileSync(b, 'b2')
+  t.ok(await until(() => p.applied.includes('a2|b2'), 3000), 'the rest came: the whole new value applied')
+  writeFileSync(a, 'a3')
+  await sleep(250)
+  writeFileSync(a, 'a2')
+  await sleep(1000) // past the hold
+  writeFileSync(b, 'b3')
+  t.ok(await until(() => p.applied.includes('a2|b3'), 3000), 'a file that changes alone is taken once the hold ends')
+  t.same(p.applied, ['a1|b1', 'a2|b2', 'a2|b3'], 'nothing half, nothing reverted, ever applied')
 })
 
 t.test('no secret in an outcome or a log line: files refused unread, missing, unparsable, half written or still changing', async t => {

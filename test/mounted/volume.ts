@@ -4,7 +4,12 @@
 // through it), a rename over the file, a truncate then a write, one file of a
 // pair at a time, a file deleted and back, and files reached through
 // symlinks into a directory nobody watches (no event where the watcher looks).
-import { chmodSync, chownSync, existsSync, mkdirSync, readdirSync, renameSync, rmSync, symlinkSync, truncateSync, writeFileSync } from 'node:fs'
+// The secret stores' own writers, step for step from their sources: the
+// Secrets Store CSI driver's copy of the atomic writer and consul-template's
+// AtomicWrite (Vault Agent's templates).
+import { randomInt } from 'node:crypto'
+import { chmodSync, chownSync, closeSync, constants, existsSync, fsyncSync, mkdirSync, mkdtempSync, openSync, readdirSync, readlinkSync, renameSync, rmSync, statSync, symlinkSync, truncateSync, writeFileSync, writeSync } from 'node:fs'
+import { basename } from 'node:path'
 import { join } from 'node:path'
 
 export type Contents = Readonly<Record<string, string>>
@@ -38,6 +43,55 @@ export class Volume {
       if (!existsSync(this.path(name))) symlinkSync(join('..data', name), this.path(name))
     }
     for (const dir of old) rmSync(join(this.dir, dir), { recursive: true, force: true })
+  }
+
+  /**
+   * The Secrets Store CSI driver (v0.0.22 on, pkg/util/fileutil/atomic_writer.go,
+   * the kubelet's writer of v1.20.6): a `..YYYY_MM_DD_HH_MM_SS.<random>`
+   * directory (MkdirTemp, then 0755), each file written with the provider's
+   * mode, the visible symlinks made *before* `..data` is renamed, then the old
+   * directory removed.
+   */
+  csiDriverSwap (files: Contents, mode = 0o644): void {
+    const oldTs = existsSync(join(this.dir, '..data')) ? readlinkSync(join(this.dir, '..data')) : undefined
+    const ts = mkdtempSync(join(this.dir, `..2026_11_29_08_${String(++this.#generation).padStart(2, '0')}_00.`))
+    chmodSync(ts, 0o755)
+    for (const [name, text] of Object.entries(files)) {
+      writeFileSync(join(ts, name), text, { mode })
+      chmodSync(join(ts, name), mode)
+    }
+    for (const name of Object.keys(files)) {
+      if (!existsSync(this.path(name))) symlinkSync(join('..data', name), this.path(name))
+    }
+    symlinkSync(basename(ts), join(this.dir, '..data_tmp'))
+    renameSync(join(this.dir, '..data_tmp'), join(this.dir, '..data'))
+    if (oldTs !== undefined) rmSync(join(this.dir, oldTs), { recursive: true, force: true })
+  }
+
+  /**
+   * consul-template's AtomicWrite (renderer/renderer.go), one template: a temp
+   * file beside the target (os.CreateTemp(dir, ""): a random decimal name,
+   * O_EXCL, mode 0600), written, fsync'd, closed, chmod'ed to the template's
+   * perms (else the target's mode, else 0644), then renamed over the target.
+   */
+  renderTemplate (name: string, text: string, perms?: number): void {
+    let tmp: string
+    let fd: number
+    for (;;) {
+      tmp = this.path(String(randomInt(2 ** 32)))
+      try {
+        fd = openSync(tmp, constants.O_RDWR | constants.O_CREAT | constants.O_EXCL, 0o600)
+        break
+      } catch (err) {
+        if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err
+      }
+    }
+    writeSync(fd, text)
+    fsyncSync(fd)
+    closeSync(fd)
+    const existing = existsSync(this.path(name)) ? statSync(this.path(name)).mode & 0o7777 : 0o644
+    chmodSync(tmp, perms ?? existing)
+    renameSync(tmp, this.path(name))
   }
 
   /** Each file written beside it and renamed over it. */
