@@ -8,6 +8,7 @@ import { errors } from 'undici'
 import { addTraceFields } from '../client/trace-context.js'
 import type { RouteName } from '../config/config.js'
 import type { CredentialStore } from '../credentials/credentials.js'
+import type { RetryReason } from '../observability/metrics.js'
 import { errorCodes } from '../upstream/error-codes.js'
 
 const RETRY_METHODS: ReadonlySet<string> = new Set(['GET', 'HEAD', 'OPTIONS'])
@@ -60,9 +61,6 @@ export function retriesAfterUnauthorized ({ credentials, resyncCredentials }: Un
   }
   return bodyless
 }
-
-/** Why an attempt was tried again. */
-export type RetryReason = 'connect' | 'unauthorized'
 
 /**
  * A retry: counted, and logged at `debug` (`upstream request retried`) with
