@@ -105,6 +105,17 @@ t.test('a request the guard refuses (403 forbidden_origin): its line carries the
   t.match(lines, [{ msg: 'request', status: 403, ...FIELDS }])
 })
 
+t.test('a request Fastify refuses (415, a content type it cannot read): the debug `request refused` line carries the trace', async t => {
+  const upstream = await startUpstream()
+  t.teardown(() => upstream.close())
+  const proxy = await startProxy({ COS_API_URL: upstream.url }, 'debug')
+  t.teardown(() => proxy.close())
+  const lines = await linesOf(proxy, () => send(`${proxy.url}/v1/x`, { method: 'POST', headers: { traceparent: VALID, 'content-type': '/;;' }, body: 'xxxxx' }))
+  t.match(lines.find(l => l.msg === 'request refused'), { level: 'debug', ...FIELDS }, 'request refused')
+  t.match(lines.find(l => l.msg === 'request'), { status: 415, ...FIELDS }, 'the request line')
+  t.equal(upstream.received.length, 0, 'nothing forwarded')
+})
+
 t.test('upstream failures: `request failed` (502, 504) and the connect retry carry the trace; a malformed traceparent none', async t => {
   const silent = await stallingUpstream()
   t.teardown(() => silent.close())
