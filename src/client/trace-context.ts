@@ -18,20 +18,20 @@ export interface TraceFields {
 const LENGTH = 55
 const DASH = 0x2d
 
+/** By character code: 0 not lowercase hex, 1 the digit 0, 2 any other lowercase hex digit (a table: fewer branches than ranges). */
+const HEX = new Uint8Array(128)
+for (let c = 0x30; c <= 0x39; c++) HEX[c] = c === 0x30 ? 1 : 2
+for (let c = 0x61; c <= 0x66; c++) HEX[c] = 2
+
 /** Whether `s[from, to)` is lowercase hex and not all zeros (`zeroOk`: zeros allowed). */
 function lowerHex (s: string, from: number, to: number, zeroOk: boolean): boolean {
-  let nonZero = zeroOk
+  let seen = zeroOk ? 2 : 0
   for (let i = from; i < to; i++) {
-    const c = s.charCodeAt(i)
-    if (c >= 0x30 && c <= 0x39) {
-      if (c !== 0x30) nonZero = true
-    } else if (c >= 0x61 && c <= 0x66) {
-      nonZero = true
-    } else {
-      return false
-    }
+    const kind = HEX[s.charCodeAt(i)] ?? 0
+    if (kind === 0) return false
+    seen |= kind
   }
-  return nonZero
+  return seen >= 2
 }
 
 /**
