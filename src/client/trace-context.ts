@@ -2,10 +2,10 @@
 // log. The proxy forwards `traceparent` and `tracestate` as it received them
 // (upstream-headers.ts drops neither) and starts no trace of its own: a line
 // that belongs to a request carries the request's trace id and the caller's
-// span id, so the line leads to its trace. Nothing here runs per request:
-// the header is parsed when a line is written, by a loop over its
-// characters (no regular expression, no split), and a request without one
-// costs a property read.
+// span id, so the line leads to its trace. Nothing here runs for a request
+// that writes no line: the header is parsed when a line is written, by one
+// pass over its characters (no regular expression, no split), and a line
+// of a request without one costs a property read.
 
 /** The fields a line carries, named as OpenTelemetry's logs in non-OTLP formats and its pino instrumentation name them. */
 export interface TraceFields {
