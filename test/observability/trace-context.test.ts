@@ -96,6 +96,7 @@ t.test('the request line carries trace_id, span_id and trace_flags of a valid tr
     t.match(line, { msg: 'request', status: 200 }, `${what}: the request line`)
     t.same(traceKeys(line), [], `${what}: no trace field`)
   }
+  t.notOk(proxy.logs.text.includes('not a traceparent'), 'a malformed header\'s bytes reach no line')
 })
 
 t.test('a request the guard refuses (403 forbidden_origin): its line carries the trace', async t => {
