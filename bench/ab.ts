@@ -1,4 +1,5 @@
 // npm run bench:ab -- [--ref <git ref>] [--workload small|get-1mib|post-1mib] [--connections 32] [--rounds 10] [--seconds 2] [--level info]
+//                      [--header "name: value"] (sent with every request of the load, e.g. a traceparent)
 //                      [--node <path>] [--node-args="<flags>"] [--env NAME=value] [--ref-node-args="<flags>"] [--ref-env NAME=value]
 //
 // Before/after for one change: this checkout's proxy (dist/) against the
@@ -57,12 +58,19 @@ const { values } = parseArgs({
     env: { type: 'string', multiple: true },
     'ref-node-args': { type: 'string' },
     'ref-env': { type: 'string', multiple: true },
+    header: { type: 'string', multiple: true },
   },
 })
 useNode(values.node)
 const connections = Number(values.connections)
 const rounds = Number(values.rounds)
 const seconds = Number(values.seconds)
+/** --header "name: value": added to every request of the workload. */
+const extraHeaders = Object.fromEntries((values.header ?? []).map(h => [h.slice(0, h.indexOf(':')).trim(), h.slice(h.indexOf(':') + 1).trim()]))
+const load = (workload: ReturnType<typeof parseWorkload>, url: string, duration: number): ReturnType<typeof workloadLoad> => {
+  const l = workloadLoad(workload, url, connections, duration)
+  return values.header === undefined ? l : { ...l, headers: { ...l.headers, ...extraHeaders } }
+}
 const progress = (s: string): void => { process.stderr.write(s + '\n') }
 
 /** Builds `ref` in a temporary worktree (tsc, and its bundle when it has one); returns how its image runs it and a cleanup. */
@@ -110,18 +118,18 @@ async function main (): Promise<void> {
       [label(`${values.ref} (${other.commit})`, values['ref-node-args'], values['ref-env']), await proxy(values['ref-node-args'], values['ref-env'], other.build)],
       ['floor (bare http-proxy)', await startFloor(upstream.url, pin.sut)],
     ]
-    await Promise.all(servers.map(([, s]) => runLoad(workloadLoad(workload, s.url, connections, 1.5)))) // warm-up
+    await Promise.all(servers.map(([, s]) => runLoad(load(workload, s.url, 1.5)))) // warm-up
     const ratios = servers.map(() => [] as number[])
     const cpu = servers.map(() => [] as number[])
     for (let r = 0; r < rounds; r++) {
       const before = servers.map(([, s]) => cpuTicks(s.child.pid))
-      const loads = await Promise.all(servers.map(([, s]) => runLoad(workloadLoad(workload, s.url, connections, seconds))))
+      const loads = await Promise.all(servers.map(([, s]) => runLoad(load(workload, s.url, seconds))))
       const perK = servers.map(([, s], i) => (cpuTicks(s.child.pid) - (before[i] ?? 0)) * 1000 / m.clockTicks / (loads[i]?.requests ?? 1) * 1000)
       perK.forEach((v, i) => { cpu[i]?.push(v); ratios[i]?.push(v / (perK[0] ?? 1)) })
       progress(`round ${r + 1}/${rounds}: ${perK.map(v => fixed(v, 1)).join(' / ')} CPU ms per 1k requests`)
     }
     process.stdout.write([
-      `# bench:ab: ${workload}, ${connections} connections per server, ${rounds} rounds × ${seconds} s, all servers loaded at once on core ${pin.sut ?? '-'}, log level ${values.level}`,
+      `# bench:ab: ${workload}, ${connections} connections per server, ${rounds} rounds × ${seconds} s, all servers loaded at once on core ${pin.sut ?? '-'}, log level ${values.level}${values.header === undefined ? '' : `, with ${values.header.join('; ')}`}`,
       `machine: ${m.cpuModel}, ${m.cores} cores, Node ${m.node}`,
       `this checkout runs ${thisBuild().description}`,
       `${values.ref} (${other.commit}) runs ${other.build.description}`,

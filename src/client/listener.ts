@@ -12,6 +12,7 @@ import { createRequire } from 'node:module'
 import { LogController, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest, type RawServerBase } from 'fastify'
 import { trackConnections, type ConnectionPolicy } from './connections.js'
 import { GuardedResponse, sendError } from './response.js'
+import { addTraceFields } from './trace-context.js'
 
 // Required, not imported: an ES import of node:http loads Node's own copy of undici (response.ts).
 const http = createRequire(import.meta.url)('node:http') as typeof import('node:http')
@@ -128,7 +129,7 @@ export function answerErrors<S extends RawServerBase> (app: FastifyInstance<S>, 
       return
     }
     // The server's logger: on the proxied routes, request.log passes only errors (proxy.ts).
-    if (answers.logRefusals === true) request.server.log.debug({ reqId: request.id, err: error }, 'request refused')
+    if (answers.logRefusals === true) request.server.log.debug(addTraceFields({ reqId: request.id, err: error }, request.headers.traceparent), 'request refused')
     sendError(reply, status, answers.codes[status] ?? 'bad_request', error.message)
   })
 }

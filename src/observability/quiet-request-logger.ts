@@ -9,24 +9,31 @@
 // serialises its bindings and copies its settings every time. Each request
 // gets a one-field object instead, whose error/fatal/child build that child
 // on first use; everything else (levels, the no-op info/debug/…) comes from
-// the shared parent through the prototype.
+// the shared parent through the prototype. The child's bindings get the
+// request's trace context then too (trace-context.ts): parsed only for a
+// request that logs something.
+import type { IncomingMessage } from 'node:http'
 import type { FastifyBaseLogger, FastifyInstance } from 'fastify'
 import { pino, type Bindings, type ChildLoggerOptions } from 'pino'
+import { addTraceFields } from '../client/trace-context.js'
 
 const CHILD = Symbol('cos.requestLogger.child')
 const BINDINGS = Symbol('cos.requestLogger.bindings')
 const OPTIONS = Symbol('cos.requestLogger.options')
 const PARENT = Symbol('cos.requestLogger.parent')
+const RAW = Symbol('cos.requestLogger.raw')
 
 interface LazyChild extends FastifyBaseLogger {
   [CHILD]: FastifyBaseLogger | undefined
   [BINDINGS]: Bindings
   [OPTIONS]: ChildLoggerOptions | undefined
   [PARENT]: FastifyBaseLogger
+  [RAW]: IncomingMessage
 }
 
 function real (logger: LazyChild): FastifyBaseLogger {
-  return logger[CHILD] ??= logger[PARENT].child(logger[BINDINGS], logger[OPTIONS])
+  // Fastify's bindings are a fresh object per request: the trace fields go into it.
+  return logger[CHILD] ??= logger[PARENT].child(addTraceFields(logger[BINDINGS], logger[RAW].headers.traceparent), logger[OPTIONS])
 }
 
 export function quietRequestLogs (fastify: FastifyInstance): void {
@@ -41,10 +48,11 @@ export function quietRequestLogs (fastify: FastifyInstance): void {
     fatal (this: LazyChild, ...args: Parameters<FastifyBaseLogger['fatal']>) { real(this).fatal(...args) },
     child (this: LazyChild, bindings: Bindings, options?: ChildLoggerOptions) { return real(this).child(bindings, options) },
   })
-  fastify.setChildLoggerFactory((_logger, bindings, options) => {
+  fastify.setChildLoggerFactory((_logger, bindings, options, raw) => {
     const logger = Object.create(proto) as LazyChild
     logger[BINDINGS] = bindings
     logger[OPTIONS] = options
+    logger[RAW] = raw
     return logger
   })
 }

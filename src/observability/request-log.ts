@@ -1,6 +1,7 @@
 import { LogController, type FastifyReply, type FastifyRequest } from 'fastify'
 import { hasErrorCode } from '../upstream/error-codes.js'
 import { responseFailure } from '../client/response.js'
+import { addTraceFields } from '../client/trace-context.js'
 import type { AccessLogSettings, RouteName } from '../config/config.js'
 
 declare module 'fastify' {
@@ -120,6 +121,8 @@ export class RequestLog extends LogController {
     const line: RequestLine = { reqId: request.id, method: request.method, route, status, durationMs: Math.round(elapsedMs * 100) / 100 }
     if (upstreamMs >= 0) line.upstreamMs = Math.round(upstreamMs * 100) / 100
     if (aborted) line.aborted = true
+    // The client's trace context, parsed only now that a line is written (trace-context.ts).
+    addTraceFields(line, request.headers.traceparent)
     // The server's logger, with the id in the line: the request loggers of
     // the proxied routes pass only errors (proxy.ts). Same JSON either way.
     request.server.log.info(line, 'request')

@@ -8,6 +8,7 @@
 // numbers only.
 import { performance } from 'node:perf_hooks'
 import type { FastifyBaseLogger } from 'fastify'
+import { addTraceFields } from '../client/trace-context.js'
 import type { RouteName } from '../config/config.js'
 import type { ReloadOutcome } from '../credentials/credential-watcher.js'
 import { accessKeyHint, type CredentialStore } from '../credentials/credentials.js'
@@ -93,7 +94,7 @@ export class AuthRefusals {
   }
 
   /** An upstream answered 401 or 403. Cheap until a warning is due; the warning is written once the re-read is done. */
-  refused (route: RouteName, status: RefusalStatus): void {
+  refused (route: RouteName, status: RefusalStatus, traceparent?: string | string[]): void {
     this.#refusals++
     const now = performance.now()
     if (now - this.#lastWarning < this.#intervalMs) return
@@ -103,7 +104,7 @@ export class AuthRefusals {
     // Taken now, before any read ends: the 401 has already asked the watcher
     // for a read (retry.ts), and that one may be the read that finds the new pair.
     const before = this.#opts.store.current
-    this.#warn(route, status, refusals, before).catch((err: unknown) => {
+    this.#warn(route, status, refusals, before, traceparent).catch((err: unknown) => {
       this.#opts.logger.error({ err }, 'auth: diagnosing an upstream refusal failed')
     })
   }
@@ -126,7 +127,7 @@ export class AuthRefusals {
     return { result: 'unchanged', outcome: { result: 'unchanged' } }
   }
 
-  async #warn (route: RouteName, status: RefusalStatus, refusals: number, before: HeaderMinter | undefined): Promise<void> {
+  async #warn (route: RouteName, status: RefusalStatus, refusals: number, before: HeaderMinter | undefined, traceparent: string | string[] | undefined): Promise<void> {
     const { store, clock, logger } = this.#opts
     const { result, outcome } = await this.#reread(before)
     const minter = store.current
@@ -143,7 +144,8 @@ export class AuthRefusals {
       fromFiles: this.#opts.reread !== undefined,
       encoding: minter?.encoding,
     })
-    logger.warn({
+    // The trace context of the refusal that made the warning due (the `refusals` before it were counted, not logged).
+    logger.warn(addTraceFields({
       status,
       route,
       accessKey: minter === undefined ? null : accessKeyHint(minter.accessKey),
@@ -153,6 +155,6 @@ export class AuthRefusals {
       reread: result,
       ...(result === 'applied' ? { previousAccessKey: before === undefined ? null : accessKeyHint(before.accessKey) } : {}),
       refusals,
-    }, `auth: the upstream answered ${status}${status === 401 ? ' (token refused)' : ' (forbidden)'}: ${hint}`)
+    }, traceparent), `auth: the upstream answered ${status}${status === 401 ? ' (token refused)' : ' (forbidden)'}: ${hint}`)
   }
 }

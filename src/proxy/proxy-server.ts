@@ -222,7 +222,7 @@ function diagnose (app: FastifyInstance, opts: ProxyServerOptions, upstreams: Up
     ...(opts.rereadCredentials === undefined ? {} : { reread: opts.rereadCredentials }),
     ...(refusalWarningIntervalMs === undefined ? {} : { intervalMs: refusalWarningIntervalMs }),
   })
-  return { clock, authRefused: (route, status) => { refusals.refused(route, status) } }
+  return { clock, authRefused: (route, status, traceparent) => { refusals.refused(route, status, traceparent) } }
 }
 
 /** What the proxy and its request log report, counted in `metrics`. */

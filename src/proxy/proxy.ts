@@ -62,7 +62,7 @@ export interface ProxyOptions {
   /** Reads the upstream's clock off its answers (sampled). */
   readonly clock?: UpstreamClock
   /** An upstream answered 401 or 403 (rate-limited diagnosis; never on the request's time). */
-  readonly authRefused?: (route: RouteName, status: RefusalStatus) => void
+  readonly authRefused?: (route: RouteName, status: RefusalStatus, traceparent: string | string[] | undefined) => void
   /** COS_UPSTREAM_TIMEOUT_MS, which interim (1xx) answers do not extend (undici's own timer restarts on each). */
   readonly upstreamTimeoutMs?: number
 }

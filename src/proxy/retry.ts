@@ -3,8 +3,12 @@
 // upstream did. Asked by the exchange (upstream-exchange.ts) after its first
 // attempt only: there is never a third.
 import type { IncomingHttpHeaders } from 'node:http'
+import type { FastifyRequest } from 'fastify'
 import { errors } from 'undici'
+import { addTraceFields } from '../client/trace-context.js'
+import type { RouteName } from '../config/config.js'
 import type { CredentialStore } from '../credentials/credentials.js'
+import type { RetryReason } from '../observability/metrics.js'
 import { errorCodes } from '../upstream/error-codes.js'
 
 const RETRY_METHODS: ReadonlySet<string> = new Set(['GET', 'HEAD', 'OPTIONS'])
@@ -56,4 +60,17 @@ export function retriesAfterUnauthorized ({ credentials, resyncCredentials }: Un
     return false
   }
   return bodyless
+}
+
+/**
+ * A retry: counted, and logged at `debug` (`upstream request retried`) with
+ * the request's id and trace context; nothing is built for the line unless
+ * it is written. Not at `info`: a rotated key pair has every request in
+ * flight retried once, and the 401 warning (auth-refusals.ts) already says
+ * so, once a minute.
+ */
+export function noteRetry (request: FastifyRequest, route: { readonly name: RouteName, readonly observer?: { readonly retried: (route: RouteName, reason: RetryReason) => void } | undefined }, reason: RetryReason): void {
+  route.observer?.retried(route.name, reason)
+  const log = request.server.log
+  if (log.level === 'debug' || log.level === 'trace') log.debug(addTraceFields({ reqId: request.id, route: route.name, reason }, request.headers.traceparent), 'upstream request retried')
 }

@@ -20,7 +20,7 @@ import type { CredentialStore } from '../credentials/credentials.js'
 import { failResponse } from '../client/response.js'
 import { CLIENT_GONE, trackUntilClientGone, untrack, type Abortable } from '../upstream/client-gone.js'
 import type { UpstreamClock } from '../upstream/upstream-clock.js'
-import { DRAIN_ABANDONED, DRAIN_MAX_BYTES, DRAIN_MAX_MS, isBodyless, retriesAfterFailure, retriesAfterUnauthorized } from './retry.js'
+import { DRAIN_ABANDONED, DRAIN_MAX_BYTES, DRAIN_MAX_MS, isBodyless, noteRetry, retriesAfterFailure, retriesAfterUnauthorized } from './retry.js'
 import { forEachForwardedHeader } from './upstream-headers.js'
 
 type Controller = Dispatcher.DispatchController
@@ -45,7 +45,7 @@ export interface ExchangeRoute {
   readonly observer?: ExchangeObserver | undefined
   readonly resyncCredentials?: (() => void) | undefined
   readonly clock?: UpstreamClock | undefined
-  readonly authRefused?: ((route: RouteName, status: RefusalStatus) => void) | undefined
+  readonly authRefused?: ((route: RouteName, status: RefusalStatus, traceparent: string | string[] | undefined) => void) | undefined
   /** Answers a failed exchange (forward-response.ts: 502/504/413, or nothing for a client gone). */
   readonly fail: (reply: FastifyReply, error: Error) => void
   /** COS_UPSTREAM_TIMEOUT_MS: interim answers (1xx) do not put off the final one past it. */
@@ -145,7 +145,7 @@ export class UpstreamExchange implements Dispatcher.DispatchHandler, Abortable {
     if (statusCode === 401 && this.#attempt === 0 && retriesAfterUnauthorized(route, this.#options.headers.authorization ?? '', this.#bodyless())) {
       // The 401 is read to its end (its connection stays reusable) and the request sent again.
       this.#stage = Stage.Retrying
-      route.observer?.retried(route.name, 'unauthorized')
+      noteRetry(request, route, 'unauthorized')
       const length = headers['content-length']
       if (typeof length === 'string' && !(Number(length) <= DRAIN_MAX_BYTES) && request.method !== 'HEAD') this.#redial(controller)
       else this.#drainTimer = setTimeout(() => { this.#redial(controller) }, DRAIN_MAX_MS)
@@ -159,7 +159,7 @@ export class UpstreamExchange implements Dispatcher.DispatchHandler, Abortable {
       controller.abort(this.#gone ?? CLIENT_GONE)
       return
     }
-    if (statusCode === 401 || statusCode === 403) route.authRefused?.(route.name, statusCode)
+    if (statusCode === 401 || statusCode === 403) route.authRefused?.(route.name, statusCode, request.headers.traceparent)
     if (statusCode < 200 || statusCode > 599) {
       controller.abort(new Error(`the upstream answered with status ${statusCode}`))
       return
@@ -236,7 +236,7 @@ export class UpstreamExchange implements Dispatcher.DispatchHandler, Abortable {
       return
     }
     if (stage === Stage.Waiting && this.#gone === undefined && this.#attempt === 0 && retriesAfterFailure(this.#request.method, this.#bodyless(), error)) {
-      this.#route.observer?.retried(this.#route.name, 'connect')
+      noteRetry(this.#request, this.#route, 'connect')
       // Not from inside undici's failure handling: on the next turn.
       setImmediate(() => { this.#retry() })
       return
