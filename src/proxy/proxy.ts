@@ -9,6 +9,7 @@
 import type { IncomingHttpHeaders } from 'node:http'
 import { Readable } from 'node:stream'
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
+import type { Dispatcher } from 'undici'
 import httpProxy, { type FastifyHttpProxyOptions } from '@fastify/http-proxy'
 import type { RefusalStatus } from './auth-refusals.js'
 import { quietRequestLogs } from '../observability/quiet-request-logger.js'
@@ -17,7 +18,8 @@ import type { CredentialStore } from '../credentials/credentials.js'
 import { answerFailedUpstreamBodies, answerUpstreamFailure } from './forward-response.js'
 import { admitToRoute, limitBodyTo } from './route-admission.js'
 import type { UpstreamClock } from '../upstream/upstream-clock.js'
-import { UpstreamExchange, type ExchangeRoute } from './upstream-exchange.js'
+import { UpstreamExchange } from './upstream-exchange.js'
+import { RetryWaits } from './retry.js'
 import { upstreamRequestHeaders } from './upstream-headers.js'
 import { upstreamPath } from '../upstream/upstream-path.js'
 import type { Upstreams } from '../upstream/upstream.js'
@@ -42,8 +44,8 @@ export interface ProxyObserver {
   upstreamError: (route: RouteName, err: Error) => void
   retried: (route: RouteName, reason: 'connect' | 'unauthorized') => void
   tokenMinted: () => void
-  /** The upstream answered (the status of its answer, before the proxy forwards it). */
-  upstreamResponse?: (route: RouteName, status: number) => void
+  /** The upstream answered (the status of its answer, before the proxy forwards it; `retryAfter`: a 503 carrying Retry-After). */
+  upstreamResponse?: (route: RouteName, status: number, retryAfter: boolean) => void
   /** A measurement of the upstream's clock, in seconds (upstream minus local). */
   upstreamClockSkew?: (seconds: number) => void
 }
@@ -67,6 +69,32 @@ export interface ProxyOptions {
   readonly upstreamTimeoutMs?: number
 }
 
+/** What the exchange reports; the metrics registry implements it. */
+export interface ExchangeObserver {
+  readonly retried: (route: RouteName, reason: 'connect' | 'unauthorized') => void
+  readonly tokenMinted: () => void
+  /** The upstream answered (the status of its answer, before the proxy forwards it; `retryAfter`: a 503 carrying Retry-After). */
+  readonly upstreamResponse?: ((route: RouteName, status: number, retryAfter: boolean) => void) | undefined
+}
+
+/** Fixed per route: where and how its requests go. */
+export interface ExchangeRoute {
+  readonly name: RouteName
+  readonly origin: string
+  readonly dispatcher: Dispatcher
+  readonly credentials: CredentialStore
+  readonly observer?: ExchangeObserver | undefined
+  readonly resyncCredentials?: (() => void) | undefined
+  readonly clock?: UpstreamClock | undefined
+  readonly authRefused?: ((route: RouteName, status: RefusalStatus) => void) | undefined
+  /** Answers a failed exchange (forward-response.ts: 502/504/413, or nothing for a client gone). */
+  readonly fail: (reply: FastifyReply, error: Error) => void
+  /** COS_UPSTREAM_TIMEOUT_MS: interim answers (1xx) do not put off the final one past it. */
+  readonly headersTimeoutMs?: number | undefined
+  /** The proxy's retries waiting on a Retry-After, stopped when it closes; none without it. */
+  readonly waits?: RetryWaits | undefined
+}
+
 type PreHandler = ReturnType<typeof limitBodyTo>
 
 export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions): Promise<void> {
@@ -80,6 +108,9 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
   const limitBody = maxBodyBytes > 0 ? limitBodyTo(maxBodyBytes) : undefined
   const fail = answerUpstreamFailure({ upstreams, observer: opts.observer, maxBodyBytes })
   answerFailedUpstreamBodies(fastify, fail)
+  // Retries waiting on a Retry-After stop when the proxy closes (the drain): their 401 is the answer.
+  const waits = new RetryWaits()
+  fastify.addHook('preClose', done => { waits.close(); done() })
   for (const route of opts.routes) {
     const exchange: ExchangeRoute = {
       name: route.name,
@@ -92,6 +123,7 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
       authRefused: opts.authRefused,
       fail,
       headersTimeoutMs: opts.upstreamTimeoutMs,
+      waits,
     }
     // Each route in a scope of its own, with its own admission hook.
     await fastify.register(async scope => {
