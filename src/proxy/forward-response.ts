@@ -21,7 +21,7 @@ const UPSTREAM_ABORTED = 'UND_ERR_ABORTED'
 type Controller = Dispatcher.DispatchController
 
 /** Bodies up to this size, of a declared length, are collected and sent with the head in one write. */
-const SMALL_BODY_BYTES = 16 * 1024
+export const SMALL_BODY_BYTES = 16 * 1024
 
 /** The size of an answer's body collected whole (a declared length up to SMALL_BODY_BYTES, a Content-Type); NaN: streamed. */
 export function collectedSize (headers: IncomingHttpHeaders): number {

@@ -14,7 +14,7 @@ import { performance } from 'node:perf_hooks'
 import type { FastifyReply, FastifyRequest } from 'fastify'
 import { errors, type Dispatcher } from 'undici'
 import { failResponse } from '../client/response.js'
-import { collectedSize, copyHead, sendOrFail, UpstreamBody } from './forward-response.js'
+import { collectedSize, copyHead, sendOrFail, SMALL_BODY_BYTES, UpstreamBody } from './forward-response.js'
 import type { ExchangeRoute } from './proxy.js'
 import { CLIENT_GONE, trackUntilClientGone, untrack, type Abortable } from '../upstream/client-gone.js'
 import { DRAIN_ABANDONED, DRAIN_MAX_BYTES, DRAIN_MAX_MS, isBodyless, retriesAfterFailure, retriesAfterUnauthorized, retryAfterMs, waitFits, type Waiting } from './retry.js'
@@ -41,7 +41,7 @@ export class UpstreamExchange implements Dispatcher.DispatchHandler, Abortable, 
   #headers: IncomingHttpHeaders | undefined
   #body: Buffer | undefined
   #filled = 0
-  #stream: UpstreamBody | undefined
+  #streamed: UpstreamBody | undefined
   /** The 401's read bound (Retrying), or its Retry-After (Held). */
   #timer: NodeJS.Timeout | undefined
   /** performance.now() when a 401 being collected may be retried; 0: none held, -1: to be passed instead. */
@@ -78,7 +78,7 @@ export class UpstreamExchange implements Dispatcher.DispatchHandler, Abortable, 
     this.#gone = reason
     if (this.#stage === Stage.Held) { this.stopWaiting(); return }
     this.#controller?.abort(reason)
-    this.#stream?.destroy()
+    this.#streamed?.destroy()
   }
 
   /** A held 401 is not retried after all (the proxy is closing, or its client went away): it is the answer. */
@@ -145,20 +145,27 @@ export class UpstreamExchange implements Dispatcher.DispatchHandler, Abortable, 
       this.#body = Buffer.allocUnsafe(size)
       return
     }
+    this.#stream(controller, headers)
+  }
+
+  #stream (controller: Controller, headers: IncomingHttpHeaders, ...first: Buffer[]): void {
     this.#stage = Stage.Streaming
     copyHead(this.#reply, this.#status, headers)
     const stream = new UpstreamBody()
     stream.controller = controller
-    this.#stream = stream
+    for (const chunk of first) stream.push(chunk)
+    this.#streamed = stream
     sendOrFail(this.#reply, this.#controller, stream)
   }
 
   onResponseData (controller: Controller, chunk: Buffer): void {
     if (this.#stage === Stage.Collecting) {
       // undici fails the body if it outgrows its Content-Length; this only keeps the copy in bounds.
-      this.#filled += chunk.copy(this.#body as Buffer, this.#filled)
+      // A held 401 of no declared length that outgrows its buffer is not kept (nor retried): it streams on.
+      if (this.#retryAt !== 0 && this.#filled + chunk.length > (this.#body as Buffer).length) this.#passHeld(controller, chunk)
+      else this.#filled += chunk.copy(this.#body as Buffer, this.#filled)
     } else if (this.#stage === Stage.Streaming) {
-      if (!(this.#stream as UpstreamBody).push(chunk)) controller.pause()
+      if (!(this.#streamed as UpstreamBody).push(chunk)) controller.pause()
     } else if (this.#stage === Stage.Retrying) {
       this.#filled += chunk.length
       if (this.#filled > DRAIN_MAX_BYTES) this.#redial(controller)
@@ -176,7 +183,7 @@ export class UpstreamExchange implements Dispatcher.DispatchHandler, Abortable, 
     if (stage === Stage.Collecting && this.#retryAt !== 0) {
       this.#stage = Stage.Held
       if (this.#retryAt < 0) this.#passHeld()
-      else this.#timer = setTimeout(() => { this.#retryHeld() }, this.#retryAt - performance.now())
+      else this.#timer = setTimeout(() => { this.#release(); this.#route.observer?.retried(this.#route.name, 'unauthorized'); this.#retry() }, this.#retryAt - performance.now())
       return
     }
     this.#finish()
@@ -185,7 +192,7 @@ export class UpstreamExchange implements Dispatcher.DispatchHandler, Abortable, 
       const body = this.#body as Buffer
       sendOrFail(this.#reply, this.#controller, this.#filled === body.length ? body : body.subarray(0, this.#filled))
     } else if (stage === Stage.Streaming) {
-      (this.#stream as UpstreamBody).push(null)
+      (this.#streamed as UpstreamBody).push(null)
     }
   }
 
@@ -198,7 +205,7 @@ export class UpstreamExchange implements Dispatcher.DispatchHandler, Abortable, 
       return
     }
     if (stage === Stage.Retrying) clearTimeout(this.#timer)
-    else if (this.#retryAt !== 0) this.#route.waits?.delete(this)
+    else if (this.#retryAt !== 0) this.#release()
     if (stage === Stage.Done) {
       // undici hands here what the exchange's own callbacks threw after it
       // ended: a fault of the proxy's, which fails this request alone.
@@ -217,7 +224,7 @@ export class UpstreamExchange implements Dispatcher.DispatchHandler, Abortable, 
     if (stage === Stage.HeadOnly) return
     if (stage === Stage.Streaming) {
       // Fastify's handling of a failed body stream takes it from here (forward-response.ts).
-      (this.#stream as UpstreamBody).destroy(error)
+      (this.#streamed as UpstreamBody).destroy(error)
       return
     }
     if (this.#gone !== undefined) return
@@ -232,15 +239,10 @@ export class UpstreamExchange implements Dispatcher.DispatchHandler, Abortable, 
     controller.abort(DRAIN_ABANDONED)
   }
 
-  /**
-   * A 401 to be retried after its Retry-After: collected as any small answer
-   * (collectedSize: a declared length up to 16 KiB, a Content-Type) while it
-   * waits, when the wait fits (waitFits) and the proxy is not closing; else
-   * (false) it is the answer.
-   */
+  /** A 401 to retry after its Retry-After, collected (a Content-Type, at most 16 KiB) while it waits; false: the wait does not fit (waitFits), or the proxy is closing. */
   #holds (headers: IncomingHttpHeaders, now: number, waitMs: number): boolean {
     const { waits, headersTimeoutMs } = this.#route
-    const size = collectedSize(headers)
+    const size = headers['content-length'] === undefined && typeof headers['content-type'] === 'string' ? SMALL_BODY_BYTES : collectedSize(headers)
     if (waits === undefined || waits.closing || this.#request.method === 'HEAD' || !(size >= 0) || !waitFits(waitMs, now - this.#request.upstreamStart, headersTimeoutMs ?? Infinity)) return false
     this.#stage = Stage.Collecting
     this.#status = 401
@@ -262,23 +264,19 @@ export class UpstreamExchange implements Dispatcher.DispatchHandler, Abortable, 
     return true
   }
 
-  #retryHeld (): void {
+  #release (): void {
     this.#retryAt = 0
     this.#route.waits?.delete(this)
-    this.#route.observer?.retried(this.#route.name, 'unauthorized')
-    this.#retry()
   }
 
-  /** The held 401 forwarded as collected, counted and explained as any 401 a client gets. */
-  #passHeld (): void {
+  /** The held 401 forwarded (as collected, or streamed on from `chunk`), counted and explained as any 401 a client gets. */
+  #passHeld (controller?: Controller, chunk?: Buffer): void {
     const route = this.#route
-    route.waits?.delete(this)
+    this.#release()
     route.observer?.upstreamResponse?.(route.name, 401, false)
-    this.#retryAt = 0
     if (this.#gone !== undefined) { this.#finish(); return }
     route.authRefused?.(route.name, 401)
-    this.#stage = Stage.Collecting
-    this.onResponseEnd()
+    if (chunk === undefined) { this.#stage = Stage.Collecting; this.onResponseEnd() } else this.#stream(controller as Controller, this.#headers as IncomingHttpHeaders, (this.#body as Buffer).subarray(0, this.#filled), chunk)
   }
 
   #retry (): void {
