@@ -9,7 +9,6 @@
 import type { IncomingHttpHeaders } from 'node:http'
 import { Readable } from 'node:stream'
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
-import type { Dispatcher } from 'undici'
 import httpProxy, { type FastifyHttpProxyOptions } from '@fastify/http-proxy'
 import type { RefusalStatus } from './auth-refusals.js'
 import { quietRequestLogs } from '../observability/quiet-request-logger.js'
@@ -18,6 +17,7 @@ import type { CredentialStore } from '../credentials/credentials.js'
 import { answerFailedUpstreamBodies, answerUpstreamFailure } from './forward-response.js'
 import { admitToRoute, limitBodyTo } from './route-admission.js'
 import type { UpstreamClock } from '../upstream/upstream-clock.js'
+import type { ExchangeRoute } from './exchange-route.js'
 import { UpstreamExchange } from './upstream-exchange.js'
 import { RetryWaits } from './retry.js'
 import { upstreamRequestHeaders } from './upstream-headers.js'
@@ -67,32 +67,6 @@ export interface ProxyOptions {
   readonly authRefused?: (route: RouteName, status: RefusalStatus) => void
   /** COS_UPSTREAM_TIMEOUT_MS, which interim (1xx) answers do not extend (undici's own timer restarts on each). */
   readonly upstreamTimeoutMs?: number
-}
-
-/** What the exchange reports; the metrics registry implements it. */
-export interface ExchangeObserver {
-  readonly retried: (route: RouteName, reason: 'connect' | 'unauthorized') => void
-  readonly tokenMinted: () => void
-  /** The upstream answered (the status of its answer, before the proxy forwards it; `retryAfter`: a 503 carrying Retry-After). */
-  readonly upstreamResponse?: ((route: RouteName, status: number, retryAfter: boolean) => void) | undefined
-}
-
-/** Fixed per route: where and how its requests go. */
-export interface ExchangeRoute {
-  readonly name: RouteName
-  readonly origin: string
-  readonly dispatcher: Dispatcher
-  readonly credentials: CredentialStore
-  readonly observer?: ExchangeObserver | undefined
-  readonly resyncCredentials?: (() => void) | undefined
-  readonly clock?: UpstreamClock | undefined
-  readonly authRefused?: ((route: RouteName, status: RefusalStatus) => void) | undefined
-  /** Answers a failed exchange (forward-response.ts: 502/504/413, or nothing for a client gone). */
-  readonly fail: (reply: FastifyReply, error: Error) => void
-  /** COS_UPSTREAM_TIMEOUT_MS: interim answers (1xx) do not put off the final one past it. */
-  readonly headersTimeoutMs?: number | undefined
-  /** The proxy's retries waiting on a Retry-After, stopped when it closes; none without it. */
-  readonly waits?: RetryWaits | undefined
 }
 
 type PreHandler = ReturnType<typeof limitBodyTo>

@@ -15,7 +15,7 @@ import type { FastifyReply, FastifyRequest } from 'fastify'
 import { errors, type Dispatcher } from 'undici'
 import { failResponse } from '../client/response.js'
 import { collectedSize, copyHead, sendOrFail, SMALL_BODY_BYTES, UpstreamBody } from './forward-response.js'
-import type { ExchangeRoute } from './proxy.js'
+import type { ExchangeRoute } from './exchange-route.js'
 import { CLIENT_GONE, trackUntilClientGone, untrack, type Abortable } from '../upstream/client-gone.js'
 import { DRAIN_ABANDONED, DRAIN_MAX_BYTES, DRAIN_MAX_MS, isBodyless, retriesAfterFailure, retriesAfterUnauthorized, retryAfterMs, waitFits, type Waiting } from './retry.js'
 
