@@ -148,12 +148,13 @@ export class UpstreamExchange implements Dispatcher.DispatchHandler, Abortable, 
     this.#stream(controller, headers)
   }
 
-  #stream (controller: Controller, headers: IncomingHttpHeaders, ...first: Buffer[]): void {
+  /** `kept`, `chunk`: what a held 401 had collected, and what outgrew it (#passHeld). */
+  #stream (controller: Controller, headers: IncomingHttpHeaders, kept?: Buffer, chunk?: Buffer): void {
     this.#stage = Stage.Streaming
     copyHead(this.#reply, this.#status, headers)
     const stream = new UpstreamBody()
     stream.controller = controller
-    for (const chunk of first) stream.push(chunk)
+    if (kept !== undefined) { stream.push(kept); stream.push(chunk) }
     this.#streamed = stream
     sendOrFail(this.#reply, this.#controller, stream)
   }

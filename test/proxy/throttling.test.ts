@@ -174,6 +174,21 @@ t.test('a Retry-After that does not fit in what is left of COS_UPSTREAM_TIMEOUT_
   }
 })
 
+t.test('a 401 with Retry-After whose body (no declared length) outgrows what the proxy keeps is passed whole as it comes, not retried nor cut', async t => {
+  const big = Buffer.alloc(40 * 1024, 'unauthorized ')
+  const r = await rotating(t, res => {
+    res.writeHead(401, { 'content-type': 'text/plain', 'retry-after': '1' }) // chunked: Node does not know the length
+    res.write(big.subarray(0, 1000))
+    setTimeout(() => { res.end(big.subarray(1000)) }, 50)
+  })
+  const res = await send(`${r.url}/x`)
+  t.equal(res.status, 401)
+  t.equal(res.headers['retry-after'], '1')
+  t.equal(sha256(res.body), sha256(big), 'its body, byte for byte')
+  t.equal(r.up.received.length, 1, 'never sent again')
+  t.equal(sample(await r.metrics.text(), 'upstream_responses_total', 'status_class="4xx"'), 1, 'counted once, as the upstream\'s answer')
+})
+
 t.test('a Retry-After that is neither delta-seconds nor an HTTP-date is ignored: the retry goes as it would without one', async t => {
   for (const retryAfter of ['1.5', '-1', 'soon']) {
     const r = await rotating(t, unauthorized({ 'retry-after': retryAfter }))
