@@ -8,6 +8,8 @@
 //   no-credentials    empty credential files (503s)          → NotReady, CredentialReloadFailing, TokenMintingFailing
 //   upstream-500      an upstream answering 500              → UpstreamErrors
 //   upstream-refused  nothing listening at the upstream      → UpstreamErrors
+//   throttled         an upstream answering 429 and 503, both with Retry-After
+//                                                            → UpstreamThrottled (not UpstreamErrors)
 //   reload-failing    files emptied after a good first read  → CredentialReloadFailing (the pair in force signs on)
 //   slow-upstream     an upstream answering after 3 s        → UpstreamLatencyHigh
 //   skewed-clock      an upstream whose Date is 2 min behind → ClockSkew
@@ -48,6 +50,7 @@ const EXPECTED = {
   'no-credentials': ['CosAuthProxyCredentialReloadFailing', 'CosAuthProxyNotReady', 'CosAuthProxyTokenMintingFailing'],
   'upstream-500': ['CosAuthProxyUpstreamErrors'],
   'upstream-refused': ['CosAuthProxyUpstreamErrors'],
+  throttled: ['CosAuthProxyUpstreamThrottled'],
   'reload-failing': ['CosAuthProxyCredentialReloadFailing'],
   'slow-upstream': ['CosAuthProxyUpstreamLatencyHigh'],
   'skewed-clock': ['CosAuthProxyClockSkew'],
@@ -75,13 +78,15 @@ const overall = setTimeout(() => {
   cleanup().finally(() => process.exit(1))
 }, 100_000)
 
-/** An upstream on 127.0.0.1 answering every request with `status`, after `delayMs`, its Date header `dateOffsetS` off. */
-async function upstream (status, { delayMs = 0, dateOffsetS = 0 } = {}) {
+/** An upstream on 127.0.0.1 answering every request with `status`, after `delayMs`, its Date header `dateOffsetS` off; `throttle`: 429 and 503 in turn, with Retry-After. */
+async function upstream (status, { delayMs = 0, dateOffsetS = 0, throttle = false } = {}) {
+  let n = 0
   const server = createServer((req, res) => {
     req.resume()
     const answer = () => {
       const headers = { 'content-type': 'application/json' }
       if (dateOffsetS !== 0) headers.date = new Date(Date.now() + dateOffsetS * 1000).toUTCString()
+      if (throttle) { headers['retry-after'] = '1'; status = n++ % 2 === 0 ? 429 : 503 }
       res.writeHead(status, headers).end('{"ok":' + (status < 400) + '}')
     }
     if (delayMs > 0) setTimeout(answer, delayMs)
@@ -166,6 +171,7 @@ async function main () {
     startProxy('no-credentials', { COS_API_URL: ok, ...files(empty) }),
     startProxy('upstream-500', { COS_API_URL: await upstream(500), ...files(creds) }),
     startProxy('upstream-refused', { COS_API_URL: `http://127.0.0.1:${await closedPort()}`, ...files(creds) }),
+    startProxy('throttled', { COS_API_URL: await upstream(429, { throttle: true }), ...files(creds) }),
     startProxy('reload-failing', { COS_API_URL: ok, ...files(breaking) }),
     startProxy('slow-upstream', { COS_API_URL: await upstream(200, { delayMs: 3000 }), COS_UPSTREAM_TIMEOUT_MS: '10000', ...files(creds) }),
     startProxy('skewed-clock', { COS_API_URL: await upstream(200, { dateOffsetS: -120 }), ...files(creds) }),

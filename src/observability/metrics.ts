@@ -94,13 +94,14 @@ export class ProxyMetrics {
   /**
    * `upstreamSeconds`: from sending upstream to the upstream's response headers; undefined when no upstream answered (404, 503, errors).
    * `aborted`: the connection closed before the response finished.
+   * `retryAfter`: the answer carries Retry-After (a 503 with it counts as `throttled`).
    */
-  requestFinished (route: string, method: string, status: number, totalSeconds: number, upstreamSeconds: number | undefined, aborted = false): void {
+  requestFinished (route: string, method: string, status: number, totalSeconds: number, upstreamSeconds: number | undefined, aborted = false, retryAfter = false): void {
     this.n.inFlight--
     const r = this.routes.get(route) ?? this.none
     if (aborted) r.aborted++
     const byClass = r.requests.get(method) ?? r.other
-    const i = statusClassIndex(status)
+    const i = statusClassIndex(status, retryAfter)
     byClass[i] = (byClass[i] as number) + 1
     r.total.observe(totalSeconds)
     if (upstreamSeconds !== undefined) {
@@ -111,10 +112,10 @@ export class ProxyMetrics {
     }
   }
 
-  /** The upstream answered with `status` (before the proxy forwards it; a 401 retried counts once, as its final answer). */
-  upstreamResponse (route: string, status: number): void {
+  /** The upstream answered with `status` (before the proxy forwards it; a 401 retried counts once, as its final answer); `retryAfter`: with Retry-After. */
+  upstreamResponse (route: string, status: number, retryAfter = false): void {
     const answers = (this.routes.get(route) ?? this.none).answers
-    const i = statusClassIndex(status)
+    const i = statusClassIndex(status, retryAfter)
     answers[i] = (answers[i] as number) + 1
   }
 

@@ -18,8 +18,8 @@ declare module 'fastify' {
 /** Per-request counters and histograms; ProxyMetrics implements it. */
 export interface RequestObserver {
   requestStarted: () => void
-  /** `aborted`: the connection closed before the response finished. */
-  requestFinished: (route: string, method: string, status: number, totalSeconds: number, upstreamSeconds: number | undefined, aborted: boolean) => void
+  /** `aborted`: the connection closed before the response finished; `retryAfter`: a 503 that carries Retry-After (throttled). */
+  requestFinished: (route: string, method: string, status: number, totalSeconds: number, upstreamSeconds: number | undefined, aborted: boolean, retryAfter?: boolean) => void
   /** A response that could not be written (its connection was closed instead); before its requestFinished. */
   responseFailed?: (route: string) => void
 }
@@ -115,7 +115,8 @@ export class RequestLog extends LogController {
     const elapsedMs = reply.elapsedTime
     // eslint-disable-next-line @typescript-eslint/no-unnecessary-condition -- undefined on requests no proxy route handled
     const upstreamMs = request.upstreamMs ?? -1
-    this.#observer?.requestFinished(route, request.method, status, elapsedMs / 1000, upstreamMs < 0 ? undefined : upstreamMs / 1000, aborted)
+    // Retry-After looked up on a 503 alone: nothing more for any other answer.
+    this.#observer?.requestFinished(route, request.method, status, elapsedMs / 1000, upstreamMs < 0 ? undefined : upstreamMs / 1000, aborted, status === 503 && reply.hasHeader('retry-after'))
     if (!this.#logs(status, aborted, elapsedMs)) return
     // Keys added in place: spreads would build and copy two objects per line.
     const line: RequestLine = { reqId: request.id, method: request.method, route, status, durationMs: Math.round(elapsedMs * 100) / 100 }

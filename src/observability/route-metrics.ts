@@ -15,12 +15,19 @@ export const PREFIX = 'cos_auth_proxy_'
 export const ROUTES: readonly RouteLabel[] = [...ROUTE_TABLE.map(r => r.name), 'none']
 type RouteLabel = RouteName | 'none'
 const METHODS = ['GET', 'HEAD', 'POST', 'PUT', 'DELETE', 'CONNECT', 'OPTIONS', 'TRACE', 'PATCH'] as const
-const STATUS_CLASSES = ['1xx', '2xx', '3xx', '4xx', '5xx'] as const
+// `throttled`: 429, and 503 with Retry-After: the upstream's rate limit, counted apart from other 4xx/5xx.
+const STATUS_CLASSES = ['1xx', '2xx', '3xx', '4xx', '5xx', 'throttled'] as const
+const THROTTLED = 5
 const ERROR_KINDS: readonly UpstreamErrorKind[] = ['refused', 'reset', 'timeout', 'tls', 'dns', 'other']
 const RETRY_REASONS: readonly RetryReason[] = ['connect', 'unauthorized']
 
-/** 1xx..5xx → 0..4. Node lets a status up to 999 through; anything past 5xx counts as 5xx so the label set stays closed. */
-export function statusClassIndex (status: number): number {
+/**
+ * 1xx..5xx → 0..4, and `throttled` (5) for a 429 or a 503 with Retry-After
+ * (`retryAfter`). Node lets a status up to 999 through; anything past 5xx
+ * counts as 5xx so the label set stays closed. Integer compares only.
+ */
+export function statusClassIndex (status: number, retryAfter = false): number {
+  if (status === 429 || (status === 503 && retryAfter)) return THROTTLED
   const i = Math.trunc(status / 100) - 1
   return i >= 0 && i < 4 ? i : 4
 }
@@ -57,7 +64,7 @@ export function registerRouteExporters (registry: Registry, cells: readonly Rout
   const registers = [registry]
   new Counter({
     name: `${PREFIX}requests_total`,
-    help: 'Requests answered, by route name, method and status class (whoever answered: the upstream, or the proxy itself).',
+    help: 'Requests answered, by route name, method and status class (whoever answered: the upstream, or the proxy itself); status_class="throttled": 429, or 503 with Retry-After, counted apart from 4xx and 5xx.',
     labelNames: ['route', 'method', 'status_class'] as const,
     registers,
     collect () {
@@ -80,7 +87,7 @@ export function registerRouteExporters (registry: Registry, cells: readonly Rout
     'Of each request the upstream answered: its time in the proxy minus the upstream\'s time to response headers (signing, forwarding, streaming the body), by route name.', cells, c => c.added)
   new Counter({
     name: `${PREFIX}upstream_responses_total`,
-    help: 'Answers the upstream gave, by route name and the status class of its answer. Answers the proxy made itself (503 without credentials, 502/504 when the upstream failed) are not counted here.',
+    help: 'Answers the upstream gave, by route name and the status class of its answer (status_class="throttled": 429, or 503 with Retry-After, apart from 4xx and 5xx). Answers the proxy made itself (503 without credentials, 502/504 when the upstream failed) are not counted here.',
     labelNames: ['route', 'status_class'] as const,
     registers,
     collect () {

@@ -1,14 +1,64 @@
-// A failed upstream exchange answered: 502 / 504 (413 for a body over the
-// limit), or nothing at all for a client that went away.
+// The upstream's answer forwarded by the exchange (upstream-exchange.ts):
+// its head copied, a small body collected or the rest streamed, a send
+// that throws failing its response alone. A failed upstream exchange
+// answered: 502 / 504 (413 for a body over the limit), or nothing at all for
+// a client that went away.
+import type { IncomingHttpHeaders } from 'node:http'
+import { Readable } from 'node:stream'
 import type { FastifyInstance, FastifyReply } from 'fastify'
+import type { Dispatcher } from 'undici'
 import type { RouteName } from '../config/config.js'
+import { CLIENT_GONE } from '../upstream/client-gone.js'
 import { errorCodes, hasErrorCode } from '../upstream/error-codes.js'
 import { sendError } from './errors.js'
-import { responseFailure } from '../client/response.js'
+import { failResponse, responseFailure } from '../client/response.js'
 import { BODY_TOO_LARGE } from './route-admission.js'
 import type { Upstreams } from '../upstream/upstream.js'
+import { forEachForwardedHeader } from './upstream-headers.js'
 
 const UPSTREAM_ABORTED = 'UND_ERR_ABORTED'
+
+type Controller = Dispatcher.DispatchController
+
+/** Bodies up to this size, of a declared length, are collected and sent with the head in one write. */
+export const SMALL_BODY_BYTES = 16 * 1024
+
+/** The size of an answer's body collected whole (a declared length up to SMALL_BODY_BYTES, a Content-Type); NaN: streamed. */
+export function collectedSize (headers: IncomingHttpHeaders): number {
+  const length = headers['content-length']
+  const size = typeof length === 'string' && length.length <= 5 ? Number(length) : NaN
+  return size <= SMALL_BODY_BYTES && typeof headers['content-type'] === 'string' ? size : NaN
+}
+
+/** A body streamed to the client, filled by the exchange, with undici paused while the client is slow. */
+export class UpstreamBody extends Readable {
+  controller: Controller | undefined
+  override _read (): void { this.controller?.resume() }
+  // Destroyed before its end (the response failed, the client went away): the upstream stops sending too.
+  override _destroy (err: Error | null, callback: (error?: Error | null) => void): void {
+    if (!this.readableEnded) this.controller?.abort(err ?? CLIENT_GONE)
+    callback(err)
+  }
+}
+
+/** The upstream's status and end-to-end headers onto the reply. */
+export function copyHead (reply: FastifyReply, status: number, headers: IncomingHttpHeaders): void {
+  reply.code(status)
+  forEachForwardedHeader(headers, (name, value) => { reply.header(name, value) })
+  // An HTTP/1 connection cannot be reused until its request body has
+  // been read: close it if the upstream answered before that point.
+  if (!reply.request.raw.complete) reply.header('connection', 'close')
+}
+
+/** reply.send from undici's callbacks, which rethrow to the process on purpose: a throw fails this response only. */
+export function sendOrFail (reply: FastifyReply, controller: Controller | undefined, payload?: Buffer | Readable): void {
+  try {
+    void reply.send(payload)
+  } catch (err) {
+    controller?.abort(err as Error)
+    failResponse(reply.raw, err as Error)
+  }
+}
 
 type OnError = (reply: FastifyReply, error: Error) => void
 

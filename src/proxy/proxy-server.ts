@@ -229,11 +229,11 @@ function diagnose (app: FastifyInstance, opts: ProxyServerOptions, upstreams: Up
 export function metricsObserver (metrics: ProxyMetrics): ProxyObserver & RequestObserver {
   return {
     requestStarted: () => metrics.requestStarted(),
-    requestFinished: (route, method, status, total, upstream, aborted) => metrics.requestFinished(route, method, status, total, upstream, aborted),
+    requestFinished: (route, method, status, total, upstream, aborted, retryAfter) => metrics.requestFinished(route, method, status, total, upstream, aborted, retryAfter),
     upstreamError: (route, err) => metrics.upstreamError(route, classifyUpstreamError(err)),
     retried: (route, reason) => metrics.retried(route, reason),
     tokenMinted: () => metrics.tokenMinted(),
-    upstreamResponse: (route, status) => metrics.upstreamResponse(route, status),
+    upstreamResponse: (route, status, retryAfter) => metrics.upstreamResponse(route, status, retryAfter),
     responseFailed: route => metrics.responseFailed(route),
     upstreamClockSkew: seconds => metrics.upstreamClockSkew(seconds),
   }

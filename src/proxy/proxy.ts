@@ -17,7 +17,9 @@ import type { CredentialStore } from '../credentials/credentials.js'
 import { answerFailedUpstreamBodies, answerUpstreamFailure } from './forward-response.js'
 import { admitToRoute, limitBodyTo } from './route-admission.js'
 import type { UpstreamClock } from '../upstream/upstream-clock.js'
-import { UpstreamExchange, type ExchangeRoute } from './upstream-exchange.js'
+import type { ExchangeRoute } from './exchange-route.js'
+import { UpstreamExchange } from './upstream-exchange.js'
+import { RetryWaits } from './retry.js'
 import { upstreamRequestHeaders } from './upstream-headers.js'
 import { upstreamPath } from '../upstream/upstream-path.js'
 import type { Upstreams } from '../upstream/upstream.js'
@@ -42,8 +44,8 @@ export interface ProxyObserver {
   upstreamError: (route: RouteName, err: Error) => void
   retried: (route: RouteName, reason: 'connect' | 'unauthorized') => void
   tokenMinted: () => void
-  /** The upstream answered (the status of its answer, before the proxy forwards it). */
-  upstreamResponse?: (route: RouteName, status: number) => void
+  /** The upstream answered (the status of its answer, before the proxy forwards it; `retryAfter`: a 503 carrying Retry-After). */
+  upstreamResponse?: (route: RouteName, status: number, retryAfter: boolean) => void
   /** A measurement of the upstream's clock, in seconds (upstream minus local). */
   upstreamClockSkew?: (seconds: number) => void
 }
@@ -80,6 +82,9 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
   const limitBody = maxBodyBytes > 0 ? limitBodyTo(maxBodyBytes) : undefined
   const fail = answerUpstreamFailure({ upstreams, observer: opts.observer, maxBodyBytes })
   answerFailedUpstreamBodies(fastify, fail)
+  // Retries waiting on a Retry-After stop when the proxy closes (the drain): their 401 is the answer.
+  const waits = new RetryWaits()
+  fastify.addHook('preClose', done => { waits.close(); done() })
   for (const route of opts.routes) {
     const exchange: ExchangeRoute = {
       name: route.name,
@@ -92,6 +97,7 @@ export async function proxyPlugin (fastify: FastifyInstance, opts: ProxyOptions)
       authRefused: opts.authRefused,
       fail,
       headersTimeoutMs: opts.upstreamTimeoutMs,
+      waits,
     }
     // Each route in a scope of its own, with its own admission hook.
     await fastify.register(async scope => {

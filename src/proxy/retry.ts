@@ -54,12 +54,69 @@ export interface UnauthorizedOptions {
  * whose 401 then finds the new pair in force); the request at hand gets the
  * upstream's answer. Upstream 5xx answers are never retried.
  */
-export function retriesAfterUnauthorized ({ credentials, resyncCredentials }: UnauthorizedOptions, authorization: string, bodyless: boolean): boolean {
+export function retriesAfterUnauthorized ({ credentials, resyncCredentials }: UnauthorizedOptions, authorization: string, method: string, bodyless: boolean): boolean {
   if (credentials.current?.signed(authorization) !== false) {
     resyncCredentials?.()
     return false
   }
-  return bodyless
+  // Only a safe method: a non-idempotent one is never sent twice, whatever the upstream answered.
+  return bodyless && RETRY_METHODS.has(method)
+}
+
+/**
+ * The longest a retry waits for a Retry-After, whatever the time left:
+ * past it, the answer that asked for the wait is the client's.
+ */
+export const RETRY_AFTER_MAX_MS = 60_000
+// The three forms of HTTP-date (RFC 9110 §5.6.7) all begin with a day name; Date.parse alone takes "1" for a year.
+const HTTP_DATE = /^(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)[a-z]*,? [\w :-]+$/
+// Any length: a figure too large to read is a wait too long to make (Infinity), never none.
+const DELTA_SECONDS = /^\d+$/
+
+/**
+ * What an answer's Retry-After asks, in ms from now: delta-seconds (a
+ * non-negative integer) or an HTTP-date, read against the answer's own Date
+ * when it has one (the upstream's clock, so a node clock off the upstream's
+ * does not move the wait), else this node's clock; a date past is 0. -1: none,
+ * or anything else (repeated, a fraction, a negative, a date that does not
+ * parse), which is treated as none. Read only on answers that would be retried.
+ */
+export function retryAfterMs (headers: IncomingHttpHeaders, nowMs = Date.now()): number {
+  const value = headers['retry-after']
+  if (typeof value !== 'string') return -1
+  if (DELTA_SECONDS.test(value)) return Number(value) * 1000
+  const at = HTTP_DATE.test(value) ? Date.parse(value) : NaN
+  if (Number.isNaN(at)) return -1
+  const date = typeof headers.date === 'string' ? Date.parse(headers.date) : NaN
+  return Math.max(0, at - (Number.isNaN(date) ? nowMs : date))
+}
+
+/** What an exchange waiting on a Retry-After is told when the proxy closes (drains): stop waiting. */
+export interface Waiting { readonly stopWaiting: () => void }
+
+/**
+ * The exchanges of one proxy waiting on a Retry-After before their retry
+ * (rare: a Set touched only by them). Once the proxy closes, none waits:
+ * those waiting are told to stop, and none starts.
+ */
+export class RetryWaits {
+  closing = false
+  readonly #waiting = new Set<Waiting>()
+  add (exchange: Waiting): void { this.#waiting.add(exchange) }
+  delete (exchange: Waiting): void { this.#waiting.delete(exchange) }
+  close (): void {
+    this.closing = true
+    for (const exchange of [...this.#waiting]) exchange.stopWaiting()
+  }
+}
+
+/**
+ * Whether a retry may wait `waitMs` for a Retry-After: at most
+ * RETRY_AFTER_MAX_MS, and sent again no later than COS_UPSTREAM_TIMEOUT_MS
+ * (`timeoutMs`) after the first attempt was (`sentMsAgo`).
+ */
+export function waitFits (waitMs: number, sentMsAgo: number, timeoutMs: number): boolean {
+  return waitMs <= RETRY_AFTER_MAX_MS && sentMsAgo + waitMs <= timeoutMs
 }
 
 /**

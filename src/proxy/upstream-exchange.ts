@@ -11,63 +11,22 @@
 import type { IncomingHttpHeaders } from 'node:http'
 import type { Socket } from 'node:net'
 import { performance } from 'node:perf_hooks'
-import { Readable } from 'node:stream'
 import type { FastifyReply, FastifyRequest } from 'fastify'
 import { errors, type Dispatcher } from 'undici'
-import type { RefusalStatus } from './auth-refusals.js'
-import type { RouteName } from '../config/config.js'
-import type { CredentialStore } from '../credentials/credentials.js'
 import { failResponse } from '../client/response.js'
+import { collectedSize, copyHead, sendOrFail, SMALL_BODY_BYTES, UpstreamBody } from './forward-response.js'
+import type { ExchangeRoute } from './exchange-route.js'
 import { CLIENT_GONE, trackUntilClientGone, untrack, type Abortable } from '../upstream/client-gone.js'
-import type { UpstreamClock } from '../upstream/upstream-clock.js'
-import { DRAIN_ABANDONED, DRAIN_MAX_BYTES, DRAIN_MAX_MS, isBodyless, noteRetry, retriesAfterFailure, retriesAfterUnauthorized } from './retry.js'
-import { forEachForwardedHeader } from './upstream-headers.js'
+import { DRAIN_ABANDONED, DRAIN_MAX_BYTES, DRAIN_MAX_MS, isBodyless, noteRetry, retriesAfterFailure, retriesAfterUnauthorized, retryAfterMs, waitFits, type Waiting } from './retry.js'
 
 type Controller = Dispatcher.DispatchController
 
-/** Bodies up to this size, of a declared length, are collected and sent with the head in one write. */
-const SMALL_BODY_BYTES = 16 * 1024
-
-/** What the exchange reports; the metrics registry implements it. */
-export interface ExchangeObserver {
-  readonly retried: (route: RouteName, reason: 'connect' | 'unauthorized') => void
-  readonly tokenMinted: () => void
-  /** The upstream answered (the status of its answer, before the proxy forwards it). */
-  readonly upstreamResponse?: ((route: RouteName, status: number) => void) | undefined
-}
-
-/** Fixed per route: where and how its requests go. */
-export interface ExchangeRoute {
-  readonly name: RouteName
-  readonly origin: string
-  readonly dispatcher: Dispatcher
-  readonly credentials: CredentialStore
-  readonly observer?: ExchangeObserver | undefined
-  readonly resyncCredentials?: (() => void) | undefined
-  readonly clock?: UpstreamClock | undefined
-  readonly authRefused?: ((route: RouteName, status: RefusalStatus, traceparent: string | string[] | undefined) => void) | undefined
-  /** Answers a failed exchange (forward-response.ts: 502/504/413, or nothing for a client gone). */
-  readonly fail: (reply: FastifyReply, error: Error) => void
-  /** COS_UPSTREAM_TIMEOUT_MS: interim answers (1xx) do not put off the final one past it. */
-  readonly headersTimeoutMs?: number | undefined
-}
-
 // Retrying: a 401 read to its end before the request is sent again;
-// Redialing: that 401's connection dropped instead (DRAIN_MAX_*).
-const enum Stage { Waiting, Retrying, Redialing, HeadOnly, Collecting, Streaming, Done }
+// Redialing: that 401's connection dropped instead (DRAIN_MAX_*);
+// Held: a 401 kept whole (Collected as any small answer) waits for its Retry-After.
+const enum Stage { Waiting, Retrying, Redialing, HeadOnly, Collecting, Streaming, Held, Done }
 
-/** A body streamed to the client, filled by the exchange, with undici paused while the client is slow. */
-class UpstreamBody extends Readable {
-  controller: Controller | undefined
-  override _read (): void { this.controller?.resume() }
-  // Destroyed before its end (the response failed, the client went away): the upstream stops sending too.
-  override _destroy (err: Error | null, callback: (error?: Error | null) => void): void {
-    if (!this.readableEnded) this.controller?.abort(err ?? CLIENT_GONE)
-    callback(err)
-  }
-}
-
-export class UpstreamExchange implements Dispatcher.DispatchHandler, Abortable {
+export class UpstreamExchange implements Dispatcher.DispatchHandler, Abortable, Waiting {
   readonly #route: ExchangeRoute
   readonly #request: FastifyRequest
   readonly #reply: FastifyReply
@@ -82,8 +41,11 @@ export class UpstreamExchange implements Dispatcher.DispatchHandler, Abortable {
   #headers: IncomingHttpHeaders | undefined
   #body: Buffer | undefined
   #filled = 0
-  #stream: UpstreamBody | undefined
-  #drainTimer: NodeJS.Timeout | undefined
+  #streamed: UpstreamBody | undefined
+  /** The 401's read bound (Retrying), or its Retry-After (Held). */
+  #timer: NodeJS.Timeout | undefined
+  /** performance.now() when a 401 being collected may be retried; 0: none held, -1: to be passed instead. */
+  #retryAt = 0
 
   constructor (route: ExchangeRoute, request: FastifyRequest, reply: FastifyReply, options: Dispatcher.DispatchOptions & { headers: IncomingHttpHeaders }) {
     this.#route = route
@@ -114,8 +76,15 @@ export class UpstreamExchange implements Dispatcher.DispatchHandler, Abortable {
 
   clientGone (reason: Error): void {
     this.#gone = reason
+    if (this.#stage === Stage.Held) { this.stopWaiting(); return }
     this.#controller?.abort(reason)
-    this.#stream?.destroy()
+    this.#streamed?.destroy()
+  }
+
+  /** A held 401 is not retried after all (the proxy is closing, or its client went away): it is the answer. */
+  stopWaiting (): void {
+    this.#retryAt = -1
+    if (this.#stage === Stage.Held) { clearTimeout(this.#timer); this.#passHeld() }
   }
 
   /**
@@ -142,18 +111,14 @@ export class UpstreamExchange implements Dispatcher.DispatchHandler, Abortable {
       if (now - request.upstreamStart > (route.headersTimeoutMs ?? Infinity)) controller.abort(new errors.HeadersTimeoutError('interim answers only, no final answer within the upstream timeout'))
       return
     }
-    if (statusCode === 401 && this.#attempt === 0 && retriesAfterUnauthorized(route, this.#options.headers.authorization ?? '', this.#bodyless())) {
-      // The 401 is read to its end (its connection stays reusable) and the request sent again.
-      this.#stage = Stage.Retrying
-      noteRetry(request, route, 'unauthorized')
-      const length = headers['content-length']
-      if (typeof length === 'string' && !(Number(length) <= DRAIN_MAX_BYTES) && request.method !== 'HEAD') this.#redial(controller)
-      else this.#drainTimer = setTimeout(() => { this.#redial(controller) }, DRAIN_MAX_MS)
-      return
+    if (statusCode === 401 && this.#attempt === 0 && retriesAfterUnauthorized(route, this.#options.headers.authorization ?? '', request.method, this.#bodyless())) {
+      const waitMs = retryAfterMs(headers)
+      // Never sooner than its Retry-After: kept whole while it waits, or else it is the answer (docs/routing.md).
+      if (waitMs > 0 ? this.#holds(headers, now, waitMs) : this.#drainAndRetry(controller, headers)) return
     }
     request.upstreamMs = now - request.upstreamStart
     route.clock?.observe(headers, now)
-    route.observer?.upstreamResponse?.(route.name, statusCode)
+    route.observer?.upstreamResponse?.(route.name, statusCode, statusCode === 503 && headers['retry-after'] !== undefined)
     const reply = this.#reply
     if (this.#gone !== undefined || reply.sent) {
       controller.abort(this.#gone ?? CLIENT_GONE)
@@ -167,34 +132,41 @@ export class UpstreamExchange implements Dispatcher.DispatchHandler, Abortable {
     this.#status = statusCode
     if (request.method === 'HEAD' || statusCode === 204 || statusCode === 304) {
       this.#stage = Stage.HeadOnly
-      this.#copyHead(headers)
+      copyHead(this.#reply, this.#status, headers)
       // A 204 may not carry a Content-Length (RFC 9110 §8.6); a 304 or HEAD answer keeps the representation's.
       if (statusCode === 204) reply.removeHeader('content-length')
-      this.#sendOrFail()
+      sendOrFail(this.#reply, this.#controller)
       return
     }
-    const length = headers['content-length']
-    const size = typeof length === 'string' && length.length <= 5 ? Number(length) : NaN
-    if (size <= SMALL_BODY_BYTES && typeof headers['content-type'] === 'string') {
+    const size = collectedSize(headers)
+    if (size >= 0) {
       this.#stage = Stage.Collecting
       this.#headers = headers
       this.#body = Buffer.allocUnsafe(size)
       return
     }
+    this.#stream(controller, headers)
+  }
+
+  /** `kept`, `chunk`: what a held 401 had collected, and what outgrew it (#passHeld). */
+  #stream (controller: Controller, headers: IncomingHttpHeaders, kept?: Buffer, chunk?: Buffer): void {
     this.#stage = Stage.Streaming
-    this.#copyHead(headers)
+    copyHead(this.#reply, this.#status, headers)
     const stream = new UpstreamBody()
     stream.controller = controller
-    this.#stream = stream
-    this.#sendOrFail(stream)
+    if (kept !== undefined) { stream.push(kept); stream.push(chunk) }
+    this.#streamed = stream
+    sendOrFail(this.#reply, this.#controller, stream)
   }
 
   onResponseData (controller: Controller, chunk: Buffer): void {
     if (this.#stage === Stage.Collecting) {
       // undici fails the body if it outgrows its Content-Length; this only keeps the copy in bounds.
-      this.#filled += chunk.copy(this.#body as Buffer, this.#filled)
+      // A held 401 of no declared length that outgrows its buffer is not kept (nor retried): it streams on.
+      if (this.#retryAt !== 0 && this.#filled + chunk.length > (this.#body as Buffer).length) this.#passHeld(controller, chunk)
+      else this.#filled += chunk.copy(this.#body as Buffer, this.#filled)
     } else if (this.#stage === Stage.Streaming) {
-      if (!(this.#stream as UpstreamBody).push(chunk)) controller.pause()
+      if (!(this.#streamed as UpstreamBody).push(chunk)) controller.pause()
     } else if (this.#stage === Stage.Retrying) {
       this.#filled += chunk.length
       if (this.#filled > DRAIN_MAX_BYTES) this.#redial(controller)
@@ -205,17 +177,23 @@ export class UpstreamExchange implements Dispatcher.DispatchHandler, Abortable {
     const stage = this.#stage
     this.#stage = Stage.Done
     if (stage === Stage.Retrying) {
-      clearTimeout(this.#drainTimer)
+      clearTimeout(this.#timer)
       this.#retry()
+      return
+    }
+    if (stage === Stage.Collecting && this.#retryAt !== 0) {
+      this.#stage = Stage.Held
+      if (this.#retryAt < 0) this.#passHeld()
+      else this.#timer = setTimeout(() => { this.#release(); noteRetry(this.#request, this.#route, 'unauthorized'); this.#retry() }, this.#retryAt - performance.now())
       return
     }
     this.#finish()
     if (stage === Stage.Collecting) {
-      this.#copyHead(this.#headers as IncomingHttpHeaders)
+      copyHead(this.#reply, this.#status, this.#headers as IncomingHttpHeaders)
       const body = this.#body as Buffer
-      this.#sendOrFail(this.#filled === body.length ? body : body.subarray(0, this.#filled))
+      sendOrFail(this.#reply, this.#controller, this.#filled === body.length ? body : body.subarray(0, this.#filled))
     } else if (stage === Stage.Streaming) {
-      (this.#stream as UpstreamBody).push(null)
+      (this.#streamed as UpstreamBody).push(null)
     }
   }
 
@@ -227,7 +205,8 @@ export class UpstreamExchange implements Dispatcher.DispatchHandler, Abortable {
       setImmediate(() => { this.#retry() })
       return
     }
-    if (stage === Stage.Retrying) clearTimeout(this.#drainTimer)
+    if (stage === Stage.Retrying) clearTimeout(this.#timer)
+    else if (this.#retryAt !== 0) this.#release()
     if (stage === Stage.Done) {
       // undici hands here what the exchange's own callbacks threw after it
       // ended: a fault of the proxy's, which fails this request alone.
@@ -246,7 +225,7 @@ export class UpstreamExchange implements Dispatcher.DispatchHandler, Abortable {
     if (stage === Stage.HeadOnly) return
     if (stage === Stage.Streaming) {
       // Fastify's handling of a failed body stream takes it from here (forward-response.ts).
-      (this.#stream as UpstreamBody).destroy(error)
+      (this.#streamed as UpstreamBody).destroy(error)
       return
     }
     if (this.#gone !== undefined) return
@@ -257,8 +236,48 @@ export class UpstreamExchange implements Dispatcher.DispatchHandler, Abortable {
   #redial (controller: Controller): void {
     if (this.#stage !== Stage.Retrying) return
     this.#stage = Stage.Redialing
-    clearTimeout(this.#drainTimer)
+    clearTimeout(this.#timer)
     controller.abort(DRAIN_ABANDONED)
+  }
+
+  /** A 401 to retry after its Retry-After, collected (a Content-Type, at most 16 KiB) while it waits; false: the wait does not fit (waitFits), or the proxy is closing. */
+  #holds (headers: IncomingHttpHeaders, now: number, waitMs: number): boolean {
+    const { waits, headersTimeoutMs } = this.#route
+    const size = headers['content-length'] === undefined && typeof headers['content-type'] === 'string' ? SMALL_BODY_BYTES : collectedSize(headers)
+    if (waits === undefined || waits.closing || this.#request.method === 'HEAD' || !(size >= 0) || !waitFits(waitMs, now - this.#request.upstreamStart, headersTimeoutMs ?? Infinity)) return false
+    this.#stage = Stage.Collecting
+    this.#status = 401
+    this.#headers = headers
+    this.#body = Buffer.allocUnsafe(size)
+    this.#retryAt = now + waitMs
+    this.#request.upstreamMs = now - this.#request.upstreamStart
+    waits.add(this)
+    return true
+  }
+
+  /** The 401 is read to its end (its connection stays reusable) and the request sent again. */
+  #drainAndRetry (controller: Controller, headers: IncomingHttpHeaders): true {
+    this.#stage = Stage.Retrying
+    noteRetry(this.#request, this.#route, 'unauthorized')
+    const length = headers['content-length']
+    if (typeof length === 'string' && !(Number(length) <= DRAIN_MAX_BYTES) && this.#request.method !== 'HEAD') this.#redial(controller)
+    else this.#timer = setTimeout(() => { this.#redial(controller) }, DRAIN_MAX_MS)
+    return true
+  }
+
+  #release (): void {
+    this.#retryAt = 0
+    this.#route.waits?.delete(this)
+  }
+
+  /** The held 401 forwarded (as collected, or streamed on from `chunk`), counted and explained as any 401 a client gets. */
+  #passHeld (controller?: Controller, chunk?: Buffer): void {
+    const route = this.#route
+    this.#release()
+    route.observer?.upstreamResponse?.(route.name, 401, false)
+    if (this.#gone !== undefined) { this.#finish(); return }
+    route.authRefused?.(route.name, 401, this.#request.headers.traceparent)
+    if (chunk === undefined) { this.#stage = Stage.Collecting; this.onResponseEnd() } else this.#stream(controller as Controller, this.#headers as IncomingHttpHeaders, (this.#body as Buffer).subarray(0, this.#filled), chunk)
   }
 
   #retry (): void {
@@ -276,24 +295,5 @@ export class UpstreamExchange implements Dispatcher.DispatchHandler, Abortable {
 
   #bodyless (): boolean {
     return isBodyless(this.#request.headers, this.#options.body)
-  }
-
-  #copyHead (headers: IncomingHttpHeaders): void {
-    const reply = this.#reply
-    reply.code(this.#status)
-    forEachForwardedHeader(headers, (name, value) => { reply.header(name, value) })
-    // An HTTP/1 connection cannot be reused until its request body has
-    // been read: close it if the upstream answered before that point.
-    if (!this.#request.raw.complete) reply.header('connection', 'close')
-  }
-
-  /** reply.send from undici's callbacks, which rethrow to the process on purpose: a throw fails this response only. */
-  #sendOrFail (payload?: Buffer | Readable): void {
-    try {
-      void this.#reply.send(payload)
-    } catch (err) {
-      this.#controller?.abort(err as Error)
-      failResponse(this.#reply.raw, err as Error)
-    }
   }
 }

@@ -167,7 +167,7 @@ t.test('labels stay bounded: raw paths, odd methods and odd statuses fold into f
   const allowed: Record<string, ReadonlySet<string>> = {
     route: new Set(['management', 'optimize', 'api', 'none']),
     method: new Set(['GET', 'HEAD', 'POST', 'PUT', 'DELETE', 'CONNECT', 'OPTIONS', 'TRACE', 'PATCH', 'OTHER']),
-    status_class: new Set(['1xx', '2xx', '3xx', '4xx', '5xx']),
+    status_class: new Set(['1xx', '2xx', '3xx', '4xx', '5xx', 'throttled']),
     kind: new Set(['refused', 'reset', 'timeout', 'tls', 'dns', 'other']),
     reason: new Set(['connect', 'unauthorized', 'not_a_regular_file', 'too_large', 'read_timeout']),
     result: new Set(['applied', 'unchanged', 'rejected']),
@@ -251,6 +251,23 @@ t.test('upstreamResponse counts the upstream\'s answers by status class, apart f
   t.same(find(e, `${P}upstream_responses_total`, { route: 'optimize' }), [], 'a 503 the proxy made is not an upstream answer')
 })
 
+t.test('a 429, and a 503 with Retry-After, count as status_class="throttled", apart from 4xx and 5xx; a 503 without it stays 5xx', async t => {
+  const m = new ProxyMetrics({ defaultMetrics: false })
+  m.upstreamResponse('management', 429, false)
+  m.upstreamResponse('management', 503, true)
+  m.upstreamResponse('management', 503, false)
+  m.upstreamResponse('management', 400, false)
+  m.requestFinished('management', 'GET', 429, 0.001, 0.001, false, false)
+  m.requestFinished('management', 'GET', 503, 0.001, 0.001, false, true)
+  m.requestFinished('management', 'GET', 503, 0.001, undefined, false, false)
+  const e = await scrape(m)
+  t.equal(value(e, `${P}upstream_responses_total`, { route: 'management', status_class: 'throttled' }), 2)
+  t.equal(value(e, `${P}upstream_responses_total`, { route: 'management', status_class: '5xx' }), 1, 'the 503 without Retry-After: an upstream error')
+  t.equal(value(e, `${P}upstream_responses_total`, { route: 'management', status_class: '4xx' }), 1, 'the 400 alone')
+  t.equal(value(e, `${P}requests_total`, { route: 'management', method: 'GET', status_class: 'throttled' }), 2)
+  t.equal(value(e, `${P}requests_total`, { route: 'management', method: 'GET', status_class: '5xx' }), 1)
+})
+
 t.test('in-flight goes up with requestStarted and down with requestFinished', async t => {
   const m = new ProxyMetrics({ defaultMetrics: false })
   const inFlight = async (): Promise<number> => value(await scrape(m), `${P}in_flight_requests`)
@@ -282,7 +299,7 @@ t.test('upstream errors, retries, tokens and response failures move their counte
   t.equal(value(e, `${P}upstream_errors_total`, { route: 'optimize', kind: 'timeout' }), 1)
   t.equal(find(e, `${P}upstream_errors_total`).length, 12, 'every kind of both routes that reached the upstream, zeros included')
   t.equal(value(e, `${P}upstream_errors_total`, { route: 'optimize', kind: 'refused' }), 0)
-  t.equal(find(e, `${P}upstream_responses_total`).length, 10, 'every status class of both routes, at 0 until the upstream answers')
+  t.equal(find(e, `${P}upstream_responses_total`).length, 12, 'every status class of both routes (throttled included), at 0 until the upstream answers')
   t.same(find(e, `${P}upstream_errors_total`).filter(s => s.labels.route === 'api'), [], 'a route that sent nothing upstream has no upstream series')
   t.equal(value(e, `${P}upstream_retries_total`, { route: 'management', reason: 'connect' }), 1)
   t.equal(value(e, `${P}upstream_retries_total`, { route: 'management', reason: 'unauthorized' }), 2)

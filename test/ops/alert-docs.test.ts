@@ -12,6 +12,7 @@ const DOC = read('docs/operations.md')
 const NAMES: Record<string, string> = {
   notReady: 'CosAuthProxyNotReady',
   upstreamErrors: 'CosAuthProxyUpstreamErrors',
+  upstreamThrottled: 'CosAuthProxyUpstreamThrottled',
   credentialReloadFailing: 'CosAuthProxyCredentialReloadFailing',
   tokenMintingFailing: 'CosAuthProxyTokenMintingFailing',
   upstreamLatency: 'CosAuthProxyUpstreamLatencyHigh',

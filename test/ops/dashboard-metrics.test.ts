@@ -94,8 +94,8 @@ t.test('every metric and label the alert rules query is one a running proxy expo
   const all = ruleExpressions(RULES)
   // The injector's alert reads the API server's own series (its test is below).
   const exprs = all.filter(e => !e.includes('apiserver_'))
-  t.equal(exprs.length, 7, 'seven alerts on the proxy\'s and the injector\'s metrics')
-  t.equal(all.length, 8, 'and one on the API server\'s')
+  t.equal(exprs.length, 8, 'eight alerts on the proxy\'s and the injector\'s metrics')
+  t.equal(all.length, 9, 'and one on the API server\'s')
   for (const expr of exprs) {
     t.ok([...expr.matchAll(METRIC_NAME)].length > 0, `names a metric: ${expr.split('\n')[0] ?? ''}`)
     t.same(unknownNames(expr, exported), [], expr)
@@ -115,7 +115,7 @@ t.test('the injector\'s alert counts the fail-opens of the webhook the chart ren
 t.test('each alert\'s runbook_url points at its own section of docs/operations.md', async t => {
   const headings = anchors(DOC)
   const alerts = [...RULES.matchAll(/- alert: (\w+)[\s\S]*?runbook_url: \{\{ \$runbook \}\}#([\w-]+)/g)].map(m => ({ alert: m[1] ?? '', anchor: m[2] ?? '' }))
-  t.same(alerts.map(a => a.alert), ['CosAuthProxyNotReady', 'CosAuthProxyUpstreamErrors', 'CosAuthProxyCredentialReloadFailing',
+  t.same(alerts.map(a => a.alert), ['CosAuthProxyNotReady', 'CosAuthProxyUpstreamErrors', 'CosAuthProxyUpstreamThrottled', 'CosAuthProxyCredentialReloadFailing',
     'CosAuthProxyTokenMintingFailing', 'CosAuthProxyUpstreamLatencyHigh', 'CosAuthProxyClockSkew', 'CosAuthProxyCertificateExpiringSoon', 'CosAuthProxyInjectorFailOpen'])
   for (const { alert, anchor } of alerts) {
     t.equal(anchor, alert.toLowerCase(), `${alert}: the anchor of its heading`)
