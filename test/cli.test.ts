@@ -7,7 +7,7 @@ import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import t from 'tap'
 import { CREDS, run, start } from './support/cli-process.js'
-import { ACCESS_KEY, SECRET, json, send, startUpstream } from './support/helpers.js'
+import { ACCESS_KEY, SECRET, json, jsonLines, send, startUpstream } from './support/helpers.js'
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url))
 const VECTOR = { args: ['--timestamp', '1700000000000000000', '--nonce', '0123456789abcdef0123456789abcdef'], env: { COS_ACCESS_KEY: 'AKIDEXAMPLE', COS_ACCESS_KEY_SECRET: 'wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY' } }
@@ -161,7 +161,7 @@ t.test('serve: logs the bound address, forwards with a token, exits 0 on SIGTERM
   t.match(up.received[0]?.headers.authorization, /^Bearer AKIDTEST%2F/)
   daemon.child.kill('SIGTERM')
   t.equal(await daemon.exited, 0)
-  const lines = daemon.stdout().split('\n').filter(l => l !== '').map(l => JSON.parse(l) as Record<string, unknown>)
+  const lines = jsonLines(daemon.stdout())
   t.ok(lines.some(l => l.msg === 'request' && l.status === 200), 'request line logged')
   t.ok(lines.every(l => typeof l.level === 'string' && typeof l.time === 'string'), 'JSON lines with level and time')
   t.notOk(daemon.stdout().includes(SECRET))

@@ -146,12 +146,16 @@ export async function smallResponses (ctx: Context, peers: readonly ('floor' | '
   return runs
 }
 
-/** 1 MiB bodies, each way, through the proxy, its peers (the floor, the Go signer when built) and directly. */
+/**
+ * 1 MiB bodies, each way, through the proxy, its peers (the floor, the Go
+ * signer when built), the floor with the image's Node flags (what the
+ * image's heap limits cost a body, apart from what our code costs) and directly.
+ */
 export async function bigBodies (ctx: Context, peers: readonly ('floor' | 'go')[]): Promise<ThroughputRun[]> {
   const runs: ThroughputRun[] = []
   for (let round = 1; round <= ctx.settings.rounds; round++) {
     for (const w of ['get-1mib', 'post-1mib'] as const) {
-      for (const t of ['proxy', ...peers, 'direct'] as const) runs.push(await throughput(ctx, w, t, ctx.settings.bigConnections, round))
+      for (const t of ['proxy', ...peers, 'floor-image', 'direct'] as const) runs.push(await throughput(ctx, w, t, ctx.settings.bigConnections, round))
     }
   }
   return runs
@@ -184,7 +188,7 @@ export function ratioTable (small: readonly Summary[], settings: Settings): stri
 export function bigTable (big: readonly Summary[], settings: Settings): string {
   const rows: Cell[][] = []
   for (const w of ['get-1mib', 'post-1mib'] as const) {
-    for (const t of ['proxy', 'floor', 'go', 'direct'] as const) {
+    for (const t of ['proxy', 'floor', 'floor-image', 'go', 'direct'] as const) {
       const x = find(big, w, t, settings.bigConnections)
       if (x === undefined) continue
       rows.push([BODY[w], LABEL[t], x.rps, x.p50, x.p99, x.cpuMsPer1k / 1000, fixed(x.peakRssMB, 1) + (t === 'direct' ? '*' : ''), x.failures])
@@ -205,7 +209,7 @@ export function bigRatioTable (big: readonly Summary[], settings: Settings): str
   const c = settings.bigConnections
   const rows: Cell[][] = []
   for (const w of ['get-1mib', 'post-1mib'] as const) {
-    for (const peer of ['floor', 'go'] as const) {
+    for (const peer of ['floor', 'floor-image', 'go'] as const) {
       if (find(big, w, peer, c) === undefined) continue
       rows.push([BODY[w], `proxy / ${LABEL[peer]}`, ratio(rpsRatio(big, w, 'proxy', peer, c)), ratio(cpuRatio(big, w, 'proxy', peer, c))])
     }

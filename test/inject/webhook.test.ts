@@ -8,6 +8,7 @@ import { setTimeout as sleep } from 'node:timers/promises'
 import { pino } from 'pino'
 import t, { type Test } from 'tap'
 import { run, start } from '../support/cli-process.js'
+import { jsonLines } from '../support/helpers.js'
 import { scaled } from '../support/time-scale.js'
 import { makePki, type Pki } from '../support/tls-fixtures.js'
 import { postToWebhook, startTestWebhook, type TestWebhook } from '../support/webhook.js'
@@ -219,7 +220,7 @@ t.test('`inject` serves reviews, its admin port answers /readyz and /metrics, an
   t.match(await (await fetch(`http://127.0.0.1:${adminPort}/metrics`)).text(), /^cos_auth_proxy_inject_injected_total 1$/m)
   daemon.child.kill('SIGTERM')
   t.equal(await daemon.exited, 0)
-  const lines = daemon.stdout().split('\n').filter(l => l !== '').map(l => JSON.parse(l) as { msg: string })
+  const lines = jsonLines(daemon.stdout())
   t.ok(lines.some(l => l.msg === 'sidecar injected'), 'JSON log line for the injection')
   t.ok(lines.some(l => l.msg === 'stopped'))
 })

@@ -202,6 +202,15 @@ export function streamForever (socket: Socket): void {
 }
 
 /** Polls `cond` until it holds or `ms` (scaled to the machine's load) pass. */
+/**
+ * The JSON lines a process has written to `out` so far: only whole lines, so
+ * a read while it is writing one never parses half of it.
+ */
+export function jsonLines (out: string): Record<string, unknown>[] {
+  const whole = out.slice(0, out.lastIndexOf('\n') + 1)
+  return whole.split('\n').filter(l => l !== '').map(l => JSON.parse(l) as Record<string, unknown>)
+}
+
 export async function until (cond: () => boolean, ms = 2000): Promise<boolean> {
   const deadline = Date.now() + scaled(ms)
   while (!cond()) {

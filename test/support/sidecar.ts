@@ -5,6 +5,7 @@ import type { ChildProcessWithoutNullStreams } from 'node:child_process'
 import { writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
+import { jsonLines } from './helpers.js'
 import { imageFlags } from './image-flags.js'
 import { spawnNodeConfined } from './node-child.js'
 import { scaled } from './time-scale.js'
@@ -51,8 +52,8 @@ export async function startSidecar (env: Record<string, string>, opts: SidecarOp
     const timer = setTimeout(() => { child.kill('SIGKILL'); reject(new Error(`no listening line: ${out}${err}`)) }, scaled(10_000))
     child.stdout.on('data', (d: Buffer) => {
       out += d.toString()
-      const line = out.split('\n').find(l => l.includes('"cos-auth-proxy listening"'))
-      if (line !== undefined) { clearTimeout(timer); resolve(JSON.parse(line) as Record<string, unknown>) }
+      const line = jsonLines(out).find(l => l.msg === 'cos-auth-proxy listening')
+      if (line !== undefined) { clearTimeout(timer); resolve(line) }
     })
     void exited.then(({ code }) => { clearTimeout(timer); reject(new Error(`exited ${code}: ${out}${err}`)) })
   })
@@ -62,7 +63,7 @@ export async function startSidecar (env: Record<string, string>, opts: SidecarOp
     proxy: `http://127.0.0.1:${listening.port as number}`,
     admin: `http://127.0.0.1:${admin.port}`,
     exited,
-    lines: () => out.split('\n').filter(l => l !== '').map(l => JSON.parse(l) as Record<string, unknown>),
+    lines: () => jsonLines(out),
     signal: (s) => { signalledAt = Date.now(); child.kill(s); return signalledAt },
   }
 }
