@@ -8,7 +8,7 @@ import { execFileSync } from 'node:child_process'
 import { randomBytes, type KeyObject } from 'node:crypto'
 import { closeSync, constants, copyFileSync, existsSync, mkdirSync, mkdtempSync, openSync, renameSync, rmSync, symlinkSync, truncateSync, unlinkSync, writeFileSync } from 'node:fs'
 import { open, type FileHandle } from 'node:fs/promises'
-import { Agent, request as httpRequest } from 'node:http'
+import { Agent } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
@@ -23,7 +23,7 @@ import { buildProxyServer } from '../../src/proxy/proxy-server.js'
 import { HeaderMinter, parseToken, secretKey, verifyToken } from '../../src/token/token.js'
 import { readTlsMaterial, TLS_FILE_MAX_BYTES } from '../../src/upstream/upstream-pool.js'
 import { Upstreams } from '../../src/upstream/upstream.js'
-import { LogCapture, json, send, startUpstream, until } from '../support/helpers.js'
+import { keepAliveGet, LogCapture, json, send, startUpstream, until } from '../support/helpers.js'
 import { makePki } from '../support/tls-fixtures.js'
 
 const tmp = mkdtempSync(join(tmpdir(), 'cos-rotation-'))
@@ -314,18 +314,6 @@ t.test('watcher', async t => {
   })
 })
 
-/** GET over a keep-alive agent; resolves the status (or the error code). */
-function get (url: string, agent: Agent): Promise<number | string> {
-  return new Promise(resolve => {
-    const req = httpRequest(url, { agent }, res => {
-      res.resume()
-      res.on('end', () => { resolve(res.statusCode ?? 0) })
-      res.on('error', (err: NodeJS.ErrnoException) => { resolve(err.code ?? 'error') })
-    })
-    req.on('error', (err: NodeJS.ErrnoException) => { resolve(err.code ?? 'error') })
-    req.end()
-  })
-}
 
 type Verdict = 'ok' | 'unknown_key' | 'mixed' | 'bad'
 
@@ -367,7 +355,7 @@ t.test('through the proxy: steady load across three ..data rotations, no failed 
   const failures: (number | string)[] = []
   const client = async (): Promise<void> => {
     while (running) {
-      const status = await get(url, agent)
+      const status = await keepAliveGet(url, agent)
       if (status === 200) ok++
       else failures.push(status)
     }

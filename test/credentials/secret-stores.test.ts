@@ -30,7 +30,7 @@ import { createLogger } from '../../src/observability/logger.js'
 import { buildMockApi } from '../../src/mock-api/mock-api.js'
 import { buildProxyServer } from '../../src/proxy/proxy-server.js'
 import { HeaderMinter, parseToken, secretKey } from '../../src/token/token.js'
-import { LogCapture, startUpstream, until } from '../support/helpers.js'
+import { keepAliveGet, LogCapture, startUpstream, until } from '../support/helpers.js'
 import { Volume } from '../mounted/volume.js'
 
 const tmp = mkdtempSync(join(tmpdir(), 'cos-stores-'))
@@ -121,18 +121,9 @@ function load (url: string): { readonly ok: () => number, readonly stop: () => P
   let running = true
   let ok = 0
   const failures: (number | string)[] = []
-  const get = (): Promise<number | string> => new Promise(resolve => {
-    const req = httpRequest(url, { agent }, res => {
-      res.resume()
-      res.on('end', () => { resolve(res.statusCode ?? 0) })
-      res.on('error', (err: NodeJS.ErrnoException) => { resolve(err.code ?? 'error') })
-    })
-    req.on('error', (err: NodeJS.ErrnoException) => { resolve(err.code ?? 'error') })
-    req.end()
-  })
   const clients = Array.from({ length: 4 }, async () => {
     while (running) {
-      const status = await get()
+      const status = await keepAliveGet(url, agent)
       if (status === 200) ok++
       else failures.push(status)
     }

@@ -1,7 +1,7 @@
 // Shared test fixtures: a real upstream that records what it received and a
 // real proxy listening on 127.0.0.1. No mocks of the network.
 import { createHash } from 'node:crypto'
-import { createServer, request as httpRequest, type IncomingHttpHeaders, type IncomingMessage, type Server, type ServerResponse } from 'node:http'
+import { createServer, request as httpRequest, type Agent, type IncomingHttpHeaders, type IncomingMessage, type Server, type ServerResponse } from 'node:http'
 import { createServer as createNetServer, type AddressInfo, type Server as NetServer, type Socket } from 'node:net'
 import { Writable } from 'node:stream'
 import { setTimeout as sleep } from 'node:timers/promises'
@@ -202,6 +202,19 @@ export function streamForever (socket: Socket): void {
 }
 
 /** Polls `cond` until it holds or `ms` (scaled to the machine's load) pass. */
+/** GET over a keep-alive agent; resolves the status (or the error code), never rejects. */
+export function keepAliveGet (url: string, agent: Agent): Promise<number | string> {
+  return new Promise(resolve => {
+    const req = httpRequest(url, { agent }, res => {
+      res.resume()
+      res.on('end', () => { resolve(res.statusCode ?? 0) })
+      res.on('error', (err: NodeJS.ErrnoException) => { resolve(err.code ?? 'error') })
+    })
+    req.on('error', (err: NodeJS.ErrnoException) => { resolve(err.code ?? 'error') })
+    req.end()
+  })
+}
+
 /**
  * The JSON lines a process has written to `out` so far: only whole lines, so
  * a read while it is writing one never parses half of it.
