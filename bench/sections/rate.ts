@@ -1,10 +1,12 @@
 // Fixed rate: the latency the proxy adds over going straight to the upstream,
 // beside the floor's and the Go signer's, with an open-loop paced generator
 // and with autocannon -R; each round with how the generator itself fared (its
-// event-loop delay, the machine's steal time), so that a round where the
-// generator stalled is reported as such and not charged to the server.
+// event-loop delay, how late the paced one sent, the machine's steal time), so
+// that a round where the generator stalled is reported as such and not
+// charged to the server. The paced generator runs in its own process
+// (bench/paced.mjs) on the load generator's core, under SCHED_FIFO where it may.
 import { fixed, ratio, table } from '../format.js'
-import { runLoad, runPaced, SMALL_PATH, type Latency, type LoadResult } from '../support/load.js'
+import { runLoad, runPaced, SMALL_PATH, type Latency, type LoadResult, type PacedGenerator } from '../support/load.js'
 import { generatorProbe, noiseProbe, type GeneratorHealth } from '../support/machine.js'
 import { median } from '../support/measure.js'
 import { LABEL, progress, type Context, type Target } from './context.js'
@@ -42,10 +44,10 @@ export async function fixedRate (ctx: Context, peers: readonly ('floor' | 'go')[
           // autocannon -R with one connection: its rate limit sends each
           // second's quota back to back, so more connections would measure
           // queueing in the burst; one keeps a single request in flight.
-          const once = (): Promise<LoadResult> => generator === 'paced'
-            ? runPaced(url, ctx.settings.rate, ctx.settings.rateSeconds)
+          const once = (): Promise<LoadResult & { readonly generator?: PacedGenerator }> => generator === 'paced'
+            ? runPaced(url, ctx.settings.rate, ctx.settings.rateSeconds, { core: ctx.pin.loadgen })
             : runLoad({ url, connections: 1, overallRate: ctx.settings.rate, duration: ctx.settings.rateSeconds })
-          let r: LoadResult
+          let r: LoadResult & { readonly generator?: PacedGenerator }
           let otherLoad: number
           let generatorHealth: GeneratorHealth
           // Repeated while the machine is noisy, as in throughput().
@@ -55,13 +57,13 @@ export async function fixedRate (ctx: Context, peers: readonly ('floor' | 'go')[
             const others = noiseProbe(pids, ctx.machine.clockTicks)
             const health = generatorProbe(ctx.machine.clockTicks)
             r = await once()
-            generatorHealth = health()
+            generatorHealth = health(r.generator)
             otherLoad = others()
             if (!ctx.noise.again(otherLoad, performance.now() - t, attempt)) break
           }
           runs.push({ generator, target, round, rps: r.rps, latencyMs: r.latency, failures: r.errors + r.non2xx, otherLoad, generatorHealth })
           const g = generatorHealth
-          progress(`  ${ctx.settings.rate} req/s ${generator.padEnd(12)} round ${round}: ${LABEL[target].padEnd(12)} p50 ${fixed(r.latency.p50)} ms  p99 ${fixed(r.latency.p99)} ms  generator late p99 ${fixed(g.loopP99Ms)} / max ${fixed(g.loopMaxMs)} ms, steal ${fixed(g.steal, 2)}${g.stalled ? '  GENERATOR STALLED' : ''}`)
+          progress(`  ${ctx.settings.rate} req/s ${generator.padEnd(12)} round ${round}: ${LABEL[target].padEnd(12)} p50 ${fixed(r.latency.p50)} ms  p99 ${fixed(r.latency.p99)} ms  generator late p99 ${fixed(g.loopP99Ms)} / max ${fixed(g.loopMaxMs)} ms${g.sendLateP99Ms === undefined ? '' : `, sends late p99 ${fixed(g.sendLateP99Ms)} ms`}, steal ${fixed(g.steal, 2)}${g.stalled ? '  GENERATOR STALLED' : ''}`)
         }
       }
     }

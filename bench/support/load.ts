@@ -1,7 +1,10 @@
 // Load: the workloads, one autocannon run with sub-millisecond latencies,
 // and open-loop load at a steady rate.
-import { Agent, get as httpGet } from 'node:http'
+import { execFileSync } from 'node:child_process'
+import { join } from 'node:path'
 import autocannon from 'autocannon'
+import { spawnNode, spawnProgram } from './children.js'
+import { BENCH_DIR, nodePath } from './node.js'
 
 export interface Load {
   readonly url: string
@@ -225,54 +228,70 @@ export async function runLoad (load: Load, onMeasuring?: () => void): Promise<Lo
   }
 }
 
+/** How the paced generator itself fared in one run (bench/paced.mjs). */
+export interface PacedGenerator {
+  /** Its event loop's delay, ms: the p99 and the worst of its 1 ms samples. */
+  readonly loopP99Ms: number
+  readonly loopMaxMs: number
+  /** How late its requests left after their due times, ms. */
+  readonly sendLateP99Ms: number
+  readonly sendLateMaxMs: number
+  readonly cpuMs: number
+  /** It ran under SCHED_FIFO (chrt), ahead of anything else on its core. */
+  readonly realtime: boolean
+}
+
+let realtime: boolean | undefined
+/** Whether this process may start one under SCHED_FIFO (`chrt -f`): root, or CAP_SYS_NICE. */
+function mayRunRealtime (): boolean {
+  if (realtime === undefined) {
+    try {
+      execFileSync('chrt', ['-f', '10', 'true'], { stdio: 'ignore' })
+      realtime = true
+    } catch {
+      realtime = false
+    }
+  }
+  return realtime
+}
+
 /**
- * Open-loop load at a steady rate: one GET every 1/rate s on a keep-alive
- * agent, each sent on time whether or not earlier ones have been answered.
- * autocannon's overallRate is not that: each connection sends its per-second
- * quota back to back at every 1 s tick, so with N connections the "fixed
- * rate" is a burst at concurrency N and its latency is mostly queueing.
+ * Open-loop load at a steady rate: one GET every 1/rate s over `clients`
+ * keep-alive connections, each sent on time whether or not earlier ones have
+ * been answered (bench/paced.mjs, in a process of its own, pinned to `core`
+ * and under SCHED_FIFO where it may be). autocannon's overallRate is not
+ * that: each connection sends its per-second quota back to back at every 1 s
+ * tick, so with N connections the "fixed rate" is a burst at concurrency N
+ * and its latency is mostly queueing.
  */
-export async function runPaced (url: string, rate: number, seconds: number, clients = 10): Promise<LoadResult> {
-  // Requests beyond `clients` in flight wait for a socket: that queueing is part of their latency.
-  const agent = new Agent({ keepAlive: true, maxSockets: clients })
-  const total = Math.round(rate * seconds)
-  const intervalMs = 1000 / rate
+export async function runPaced (url: string, rate: number, seconds: number, opts: { readonly clients?: number, readonly core?: number, readonly warmupSeconds?: number } = {}): Promise<LoadResult & { readonly generator: PacedGenerator }> {
+  const args = [join(BENCH_DIR, 'paced.mjs'), url, String(rate), String(seconds), String(opts.clients ?? 10), String(opts.warmupSeconds ?? 1)]
+  const rt = mayRunRealtime()
+  const child = rt
+    ? spawnProgram('paced generator', 'chrt', ['-f', '10', nodePath(), ...args], { core: opts.core })
+    : spawnNode('paced generator', args[0] as string, args.slice(1), { core: opts.core })
+  let out = ''
+  child.proc.stdout?.setEncoding('utf8')
+  child.proc.stdout?.on('data', (s: string) => { out += s })
+  await child.exited
+  if (child.exitCode !== 0) throw new Error(`the paced generator exited with ${String(child.exitCode)}`)
+  const r = JSON.parse(out) as {
+    sent: number, done: number, seconds: number, bytes: number, latencies: number[],
+    errors: Record<string, number>, status: Record<string, number>,
+    loopP99Ms: number, loopMaxMs: number, sendLateP99Ms: number, sendLateMaxMs: number, cpuMs: number
+  }
   const samples = new Samples()
-  let sent = 0
-  let done = 0
-  let errors = 0
-  let non2xx = 0
-  let bytes = 0
+  for (const v of r.latencies) samples.add(v)
   const failures = noFailures()
-  const t0 = performance.now()
-  await new Promise<void>(resolve => {
-    const finished = (): void => { if (++done === total) resolve() }
-    const fire = (): void => {
-      const start = performance.now()
-      const req = httpGet(url, { agent }, res => {
-        res.on('data', (chunk: Buffer) => { bytes += chunk.length })
-        res.on('end', () => {
-          const status = res.statusCode ?? 0
-          if (status >= 200 && status < 300) samples.add(performance.now() - start)
-          else {
-            non2xx++
-            failures.status[status] = (failures.status[status] ?? 0) + 1
-          }
-          finished()
-        })
-      })
-      req.on('error', (err: Error) => { errors++; countError(failures, err); finished() })
-    }
-    // Timers fire late by up to a millisecond or so: send whatever is due.
-    const tick = (): void => {
-      const due = Math.min(total, Math.floor((performance.now() - t0) / intervalMs) + 1)
-      while (sent < due) { sent++; fire() }
-      if (sent < total) setTimeout(tick, Math.max(0, t0 + sent * intervalMs - performance.now()))
-    }
-    tick()
-  })
-  const secondsRun = (performance.now() - t0) / 1000
-  agent.destroy()
-  // Connections are the agent's, opened as needed: no first-request figure.
-  return { requests: done - errors, sent, seconds: secondsRun, rps: (done - errors) / secondsRun, bytes, latency: samples.latency(), errors, non2xx, failures, firstOnConnection: new Samples().latency(), total: { requests: done - errors, sent } }
+  for (const [code, n] of Object.entries(r.errors)) for (let i = 0; i < n; i++) countError(failures, Object.assign(new Error(code), { code }))
+  failures.status = r.status
+  const errors = Object.values(r.errors).reduce((a, b) => a + b, 0)
+  const non2xx = Object.values(r.status).reduce((a, b) => a + b, 0)
+  const requests = r.done - errors
+  return {
+    requests, sent: r.sent, seconds: r.seconds, rps: requests / r.seconds, bytes: r.bytes, latency: samples.latency(), errors, non2xx, failures,
+    // Connections are the agent's, opened as needed: no first-request figure.
+    firstOnConnection: new Samples().latency(), total: { requests, sent: r.sent },
+    generator: { loopP99Ms: r.loopP99Ms, loopMaxMs: r.loopMaxMs, sendLateP99Ms: r.sendLateP99Ms, sendLateMaxMs: r.sendLateMaxMs, cpuMs: r.cpuMs, realtime: rt },
+  }
 }

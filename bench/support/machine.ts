@@ -121,35 +121,40 @@ function stealTicks (): number {
   return Number(line.trim().split(/\s+/)[8] ?? 0)
 }
 
-/** How the load generator (this process) and the machine fared during one run. */
+/** How the load generator and the machine fared during one run. */
 export interface GeneratorHealth {
-  /** This process's event-loop delay, ms: the p99 and the worst over its 1 ms timer samples. */
+  /** The generator's event-loop delay, ms: the p99 and the worst over its 1 ms timer samples. */
   readonly loopP99Ms: number
   readonly loopMaxMs: number
+  /** How late its requests left after their due times, ms (the paced generator only). */
+  readonly sendLateP99Ms?: number
   /** Cores' worth of time the hypervisor stole from the machine meanwhile. */
   readonly steal: number
-  /** The generator was late by more than 1 ms in over 1 % of its samples, or the hypervisor stole over 0.05 cores. */
+  /** The generator was late by more than 1 ms in over 1 % of its samples or of its requests, or the hypervisor stole over 0.05 cores. */
   readonly stalled: boolean
 }
 
 /**
- * Starts watching the generator (this process's event loop, at 1 ms) and the
- * machine's steal time; the function it returns stops and says how they fared.
- * A generator that stalls delays the answers it reads as much as the server
- * would: a round where it did is reported as such, not charged to the server.
+ * Starts watching the generator and the machine's steal time; the function
+ * it returns stops and says how they fared. The generator is this process's
+ * event loop (1 ms samples), unless the caller hands over what a generator
+ * in its own process measured of itself (bench/paced.mjs). A generator that
+ * stalls delays the answers it reads as much as the server would: a round
+ * where it did is reported as such, not charged to the server.
  */
-export function generatorProbe (ticksPerSecond: number): () => GeneratorHealth {
+export function generatorProbe (ticksPerSecond: number): (own?: { readonly loopP99Ms: number, readonly loopMaxMs: number, readonly sendLateP99Ms: number }) => GeneratorHealth {
   const loop = monitorEventLoopDelay({ resolution: 1 })
   loop.enable()
   const steal0 = stealTicks()
   const t0 = performance.now()
-  return () => {
+  return own => {
     loop.disable()
     // Node records each sample as the whole interval between two timer turns: less the 1 ms asked for, the delay.
     const late = (ns: number): number => Math.max(0, ns / 1e6 - 1)
-    const loopP99Ms = late(loop.percentile(99))
     const steal = (stealTicks() - steal0) / ticksPerSecond / ((performance.now() - t0) / 1000)
-    return { loopP99Ms, loopMaxMs: late(loop.max), steal, stalled: loopP99Ms > 1 || steal > 0.05 }
+    const g = own ?? { loopP99Ms: late(loop.percentile(99)), loopMaxMs: late(loop.max) }
+    const sendLate = own?.sendLateP99Ms ?? 0
+    return { ...g, steal, stalled: g.loopP99Ms > 1 || sendLate > 1 || steal > 0.05 }
   }
 }
 
