@@ -69,7 +69,7 @@ export async function serve (opts: ServeOptions): Promise<void> {
   const upstreams = upstreamsFor(config, logger)
   const metrics = new ProxyMetrics(opts.logLinesDropped === undefined ? {} : { logLinesDropped: opts.logLinesDropped })
   const { store, watcher } = await watchCredentials(config, logger, metrics)
-  upstreams.watch(config.credentialsReloadMs)
+  upstreams.watch()
   metrics.observeCertificates(() => upstreams.certificateExpiry)
   const observer = metricsObserver(metrics)
   const requestLog = new RequestLog(observer, config.accessLog)

@@ -42,6 +42,8 @@ export interface InjectConfig {
   readonly shutdownDelayMs: number
   readonly shutdownTimeoutMs: number
   readonly settings: InjectSettings
+  /** The text of sidecarFile `settings` were read from: the value in force when it is watched (not read and parsed twice). */
+  readonly sidecarText: string
 }
 
 /**
@@ -77,14 +79,17 @@ export interface LoadInjectOptions {
   readonly logColour?: boolean
 }
 
-/** The sidecar definition from its file, with the webhook's choices. Throws ConfigError naming COS_INJECT_SIDECAR_FILE. */
-export function readSidecarSettings (file: string, choices: SidecarChoices, programVersion: string, content?: string): InjectSettings {
-  let text
+/** The sidecar file's text. Throws ConfigError naming COS_INJECT_SIDECAR_FILE. */
+export function readSidecarFile (file: string): string {
   try {
-    text = content ?? readFileSync(file, 'utf8')
+    return readFileSync(file, 'utf8')
   } catch (err) {
     throw new ConfigError('COS_INJECT_SIDECAR_FILE', `${INJECT_VARIABLES.COS_INJECT_SIDECAR_FILE.expect}: ${JSON.stringify(file)} cannot be read (${(err as NodeJS.ErrnoException).code ?? 'error'})`)
   }
+}
+
+/** The sidecar definition from its file (or its text, read already), with the webhook's choices. Throws ConfigError naming COS_INJECT_SIDECAR_FILE. */
+export function readSidecarSettings (file: string, choices: SidecarChoices, programVersion: string, text = readSidecarFile(file)): InjectSettings {
   return injectSettings(parseSidecarFile(text), choices.nativeSidecar, choices.defaultSecret, programVersion, choices.openshift === true)
 }
 
@@ -104,6 +109,7 @@ export function loadInjectConfig (env: NodeJS.ProcessEnv, opts: LoadInjectOption
     ...(own.COS_INJECT_DEFAULT_SECRET === undefined ? {} : { defaultSecret: own.COS_INJECT_DEFAULT_SECRET }),
     ...(own.COS_INJECT_OPENSHIFT ? { openshift: true as const } : {}),
   })
+  const sidecarText = readSidecarFile(sidecarFile)
   return Object.freeze({
     listen: { host: own.COS_INJECT_HOST ?? INJECT_VARIABLES.COS_INJECT_HOST.default, port: own.COS_INJECT_PORT },
     ...(tls === undefined ? {} : { tls }),
@@ -115,6 +121,7 @@ export function loadInjectConfig (env: NodeJS.ProcessEnv, opts: LoadInjectOption
     logColour: opts.logColour ?? false,
     shutdownDelayMs: proxy.shutdownDelayMs,
     shutdownTimeoutMs: proxy.shutdownTimeoutMs,
-    settings: readSidecarSettings(sidecarFile, sidecar, opts.programVersion),
+    settings: readSidecarSettings(sidecarFile, sidecar, opts.programVersion, sidecarText),
+    sidecarText,
   })
 }

@@ -175,7 +175,7 @@ export interface RunningWebhook {
 export async function startWebhook (config: InjectConfig, logger: Logger, programVersion: string): Promise<RunningWebhook> {
   const metrics = new InjectMetrics()
   metrics.sidecarVersion(config.settings.version)
-  const source = new SidecarSource(config.settings, { file: config.sidecarFile, sidecar: config.sidecar, programVersion, metrics, logger })
+  const source = new SidecarSource(config.settings, { file: config.sidecarFile, readAtStart: config.sidecarText, sidecar: config.sidecar, programVersion, metrics, logger })
   const settings = source.current
   if (config.tls === undefined) throw new Error('startWebhook needs the serving certificate (loadInjectConfig with serving)')
   const app = await buildWebhookServer({ settings, tls: config.tls, metrics, logger })

@@ -6,14 +6,16 @@
 // as. A file that does not pass keeps the previous definition, with one
 // warning and one count per bad content.
 import type { FastifyBaseLogger } from 'fastify'
-import { ConfigError } from '../config/config.js'
-import { MountedFiles, type MountedOutcome, type Parsed } from '../mounted/mounted-files.js'
+import { MountedFiles } from '../mounted/mounted-files.js'
+import { parsed, reportOnce, type MountedOutcome } from '../mounted/outcomes.js'
 import { readSidecarSettings, type SidecarChoices } from './config.js'
 import type { InjectMetrics } from './metrics.js'
 import type { InjectSettings } from './patch.js'
 
 export interface SidecarSourceOptions {
   readonly file: string
+  /** The file's text the initial settings were read from at start: the value in force, not parsed again by the first look. */
+  readonly readAtStart: string
   /** The webhook's settings, parsed once at start: a reload reads only the file. */
   readonly sidecar: SidecarChoices
   readonly programVersion: string
@@ -30,17 +32,27 @@ export class SidecarSource {
   private settings: InjectSettings
   /** The version last announced (logged, in the metrics). */
   private version: string
-  private readonly files: MountedFiles<InjectSettings, void>
+  private readonly files: MountedFiles<InjectSettings, MountedOutcome<InjectSettings> | undefined>
 
   constructor (initial: InjectSettings, private readonly opts: SidecarSourceOptions) {
     this.settings = initial
     this.version = initial.version
-    this.files = new MountedFiles<InjectSettings, void>({
+    const { metrics, logger } = opts
+    this.files = new MountedFiles({
       files: [{ path: opts.file, variable: 'COS_INJECT_SIDECAR_FILE', maxBytes: SIDECAR_FILE_MAX_BYTES }],
       what: 'sidecar definition',
-      parse: ([text]) => this.parse(text ?? ''),
+      parse: ([text = '']) => parsed(() => readSidecarSettings(opts.file, opts.sidecar, opts.programVersion, text)),
+      readAtStart: [opts.readAtStart],
       apply: next => { this.settings = next },
-      report: o => { this.report(o) },
+      report: reportOnce({
+        applied: next => { this.announce(next) },
+        rejected: o => {
+          metrics.sidecarReload('rejected')
+          logger.warn({ problem: o.problem, version: this.settings.version }, 'sidecar definition on disk is not usable: still injecting the previous one')
+        },
+        // Mid-swap, or gone: the next event or poll reads it again.
+        unreadable: o => { logger.debug({ problem: o.problem, version: this.settings.version }, 'sidecar definition file not readable: still injecting the previous one') },
+      }),
       closed: undefined,
       pollMs: opts.pollMs ?? 10_000,
       logger: opts.logger,
@@ -53,40 +65,22 @@ export class SidecarSource {
     this.files.start().catch((err: unknown) => { this.opts.logger.error({ err }, 'sidecar definition: reading it again failed; still injecting the previous one') })
   }
 
-  /** Reads the file again; applies it when it changed and passes the checks. */
-  async reload (): Promise<void> {
-    await this.files.reload()
+  /** Reads the file again; applies it when it changed and passes the checks. Resolves with what the look ended in (undefined: closed). */
+  reload (): Promise<MountedOutcome<InjectSettings> | undefined> {
+    return this.files.reload()
   }
 
   close (): void {
     this.files.close()
   }
 
-  private parse (text: string): Parsed<InjectSettings> {
-    try {
-      return { ok: true, value: readSidecarSettings(this.opts.file, this.opts.sidecar, this.opts.programVersion, text) }
-    } catch (err) {
-      if (!(err instanceof ConfigError)) throw err
-      return { ok: false, variable: err.variable, problem: err.message }
-    }
-  }
-
-  private report (o: MountedOutcome<InjectSettings>): void {
-    const { metrics, logger } = this.opts
-    if (o.result === 'applied') {
-      // Rewritten with the same content (or the first look after start): nothing to announce.
-      const previous = this.version
-      if (o.value.version === previous) return
-      this.version = o.value.version
-      metrics.sidecarReload('applied')
-      metrics.sidecarVersion(o.value.version)
-      logger.info({ version: o.value.version, previous, image: o.value.template.container.image }, 'sidecar definition reloaded: pods injected from now on get it; running pods keep theirs until restarted')
-    } else if (o.result === 'rejected' && !o.repeated) {
-      metrics.sidecarReload('rejected')
-      logger.warn({ problem: o.problem, version: this.settings.version }, 'sidecar definition on disk is not usable: still injecting the previous one')
-    } else if (o.result === 'unreadable' && !o.repeated) {
-      // Mid-swap, or gone: the next event or poll reads it again.
-      logger.debug({ problem: o.problem, version: this.settings.version }, 'sidecar definition file not readable: still injecting the previous one')
-    }
+  private announce (next: InjectSettings): void {
+    // Rewritten with the same version: nothing to announce.
+    const previous = this.version
+    if (next.version === previous) return
+    this.version = next.version
+    this.opts.metrics.sidecarReload('applied')
+    this.opts.metrics.sidecarVersion(next.version)
+    this.opts.logger.info({ version: next.version, previous, image: next.template.container.image }, 'sidecar definition reloaded: pods injected from now on get it; running pods keep theirs until restarted')
   }
 }

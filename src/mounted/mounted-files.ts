@@ -18,20 +18,25 @@
 //    which some of the files changed and others did not waits up to that long
 //    for the rest (files renamed into place one at a time, far apart, as
 //    Vault Agent's templates are), re-read every SETTLE_MS; then it is taken;
-//  - dedupe: the same bytes as the value in force are `unchanged`, with no
-//    parse; bytes already rejected, or the same read failure, are reported
-//    `repeated`, so a consumer logs and counts a bad file once;
+//  - dedupe: the same bytes as the value in force (those a consumer read at
+//    start, `readAtStart`, too) are `unchanged`, with no parse; bytes already
+//    rejected, or the same read failure, are reported `repeated`, so a
+//    consumer logs and counts a bad file once (outcomes.ts: `reportOnce`);
 //  - "keep the previous value": nothing is applied unless it parsed, passed
 //    the checks and `apply` took it.
 // Every look ends in one outcome: applied | unchanged | rejected (read, but
 // refused by the consumer's checks) | unreadable (missing, refused unread,
-// too slow, or still changing), with the setting to blame and the reason.
+// too slow, or still changing), with the setting to blame and the reason
+// (outcomes.ts: the outcome types, and `parsed` for a consumer's parser).
 // Reasons name paths, never contents: a key file is a secret.
 import { createHash } from 'node:crypto'
 import { setTimeout as sleep } from 'node:timers/promises'
 import type { FastifyBaseLogger } from 'fastify'
-import { readBoundedFile, type FileRefusal } from './bounded-file.js'
+import { readBoundedFile } from './bounded-file.js'
 import { DirectoryWatch } from './directory-watch.js'
+import type { MountedFailure, MountedOutcome, Parsed } from './outcomes.js'
+
+export type { MountedFailure, MountedOutcome, Parsed, ReadRefusal } from './outcomes.js'
 
 export interface MountedFile {
   readonly path: string
@@ -41,26 +46,6 @@ export interface MountedFile {
   readonly maxBytes: number
 }
 
-export type ReadRefusal = FileRefusal | 'read_timeout'
-
-export type Parsed<T> = { readonly ok: true, readonly value: T } | { readonly ok: false, readonly variable: string, readonly problem: string }
-
-export interface MountedFailure {
-  readonly result: 'rejected' | 'unreadable'
-  readonly variable: string
-  readonly problem: string
-  /** The file was refused unread (what is at the path), or its read did not end in time. */
-  readonly refusal?: ReadRefusal
-  /** The same bytes, or the same read failure, as the last outcome: already reported. */
-  readonly repeated: boolean
-}
-
-export type MountedOutcome<T> =
-  | { readonly result: 'applied', readonly value: T }
-  /** `recovered`: the files are back to the value in force after failures were reported. */
-  | { readonly result: 'unchanged', readonly recovered: boolean }
-  | MountedFailure
-
 export interface MountedFilesOptions<T, R> {
   /** The files, read together as one value (e.g. a certificate and its key). May be empty: then nothing is watched. */
   readonly files: readonly MountedFile[]
@@ -68,6 +53,8 @@ export interface MountedFilesOptions<T, R> {
   readonly what: string
   /** The files' texts (in `files` order) to a value, or the problem. Never quotes the texts. */
   readonly parse: (texts: readonly string[]) => Parsed<T>
+  /** The files' texts (in `files` order) the value in force was read from, when the consumer read and parsed them at start: the first look finds them `unchanged`, not parsed again. */
+  readonly readAtStart?: readonly string[]
   /** Whether a parsed value is the one in force already (e.g. the same pair, reformatted). Default: no. */
   readonly inForce?: (value: T) => boolean
   /** Puts a value in force. Throwing refuses it (`rejected`, the message as the reason; the previous value stays). */
@@ -120,6 +107,7 @@ export class MountedFiles<T, R> {
     this.#opts = opts
     this.#allVariables = [...new Set(opts.files.map(f => f.variable))].join(' and ')
     this.#dirs = opts.files.length > 0 ? new DirectoryWatch(opts.files.map(f => f.path), opts.what, opts.logger, () => { this.#tick() }) : undefined
+    if (opts.readAtStart !== undefined) ({ digest: this.#inForce, parts: this.#inForceParts } = digests(opts.readAtStart))
   }
 
   /** The first look, and watching from then on (a change made during the first read is not missed). */
@@ -238,14 +226,12 @@ export class MountedFiles<T, R> {
     const { files } = this.#opts
     const reads = await Promise.all(files.map(f => readBoundedFile(f.path, f.maxBytes)))
     const texts: string[] = []
-    const parts: string[] = []
     for (const [i, read] of reads.entries()) {
       const file = files[i] as MountedFile
       if (!read.ok) return { ok: false, failure: { result: 'unreadable', variable: file.variable, problem: read.problem, ...(read.refusal === undefined ? {} : { refusal: read.refusal }) } }
       texts.push(read.text)
-      parts.push(createHash('sha256').update(read.text).digest('hex'))
     }
-    return { ok: true, texts, digest: createHash('sha256').update(parts.join(':')).digest('hex'), parts }
+    return { ok: true, texts, ...digests(texts) }
   }
 
   /** Parses, checks and applies a settled read, and reports it. */
@@ -286,6 +272,12 @@ export class MountedFiles<T, R> {
     this.#failed = undefined
     return { result: 'unchanged', recovered }
   }
+}
+
+/** Each file's digest, and the digest of them all: what tells bytes in force, and a partial change. */
+function digests (texts: readonly string[]): { readonly digest: string, readonly parts: readonly string[] } {
+  const parts = texts.map(text => createHash('sha256').update(text).digest('hex'))
+  return { digest: createHash('sha256').update(parts.join(':')).digest('hex'), parts }
 }
 
 function failureKey (f: Failure): string {

@@ -12,7 +12,8 @@ import { createSecureContext } from 'node:tls'
 import type { FastifyBaseLogger, FastifyInstance } from 'fastify'
 import { ConfigError } from '../config/config.js'
 import { earliestNotAfter } from './certificate-expiry.js'
-import { MountedFiles, type MountedOutcome, type Parsed } from './mounted-files.js'
+import { MountedFiles } from './mounted-files.js'
+import { parsed, reportOnce, type MountedOutcome } from './outcomes.js'
 
 export interface CertificateFiles { readonly certFile: string, readonly keyFile: string }
 
@@ -40,42 +41,33 @@ export class ServingCertificate {
 
   private constructor (opts: ServingCertificateOptions) {
     const { logger, variables: [certVariable, keyVariable] } = opts
+    const report = reportOnce<CertificatePair>({
+      applied: () => {
+        opts.onReload('applied')
+        logger.info('serving certificate reloaded')
+      },
+      rejected: o => {
+        opts.onReload('rejected')
+        logger.warn({ problem: o.problem }, 'serving certificate on disk is not usable: still serving the previous one')
+      },
+      // Mid-swap, or gone: the next event or poll reads it again.
+      unreadable: o => { logger.debug({ variable: o.variable, problem: o.problem }, 'serving certificate files not readable') },
+    })
     this.#files = new MountedFiles({
       files: [
         { path: opts.files.certFile, variable: certVariable, maxBytes: CERTIFICATE_FILE_MAX_BYTES },
         { path: opts.files.keyFile, variable: keyVariable, maxBytes: CERTIFICATE_FILE_MAX_BYTES },
       ],
       what: 'serving certificate',
-      parse: ([cert = '', key = '']): Parsed<CertificatePair> => {
-        try {
-          // Built here first so a mismatched pair is refused while the old one stays.
-          createSecureContext({ cert, key })
-          return { ok: true, value: { cert, key } }
-        } catch (err) {
-          // OpenSSL's reason ("key values mismatch"), never the PEM.
-          return { ok: false, variable: `${certVariable} and ${keyVariable}`, problem: (err as Error).message }
-        }
-      },
+      // Built here first so a mismatched pair is refused while the old one stays; OpenSSL's reason ("key values mismatch"), never the PEM.
+      parse: ([cert = '', key = '']) => parsed(() => { createSecureContext({ cert, key }); return { cert, key } }, `${certVariable} and ${keyVariable}`),
       apply: pair => {
         this.#server?.setSecureContext({ ...pair, minVersion: 'TLSv1.2' })
         this.#pair = pair
         this.#notAfter = earliestNotAfter(pair.cert)
       },
-      report: o => {
-        // The first read is not a reload.
-        if (this.#server === undefined) return o
-        if (o.result === 'applied') {
-          opts.onReload('applied')
-          logger.info('serving certificate reloaded')
-        } else if (o.result === 'rejected' && !o.repeated) {
-          opts.onReload('rejected')
-          logger.warn({ problem: o.problem }, 'serving certificate on disk is not usable: still serving the previous one')
-        } else if (o.result === 'unreadable' && !o.repeated) {
-          // Mid-swap, or gone: the next event or poll reads it again.
-          logger.debug({ variable: o.variable, problem: o.problem }, 'serving certificate files not readable')
-        }
-        return o
-      },
+      // The first read is not a reload.
+      report: o => this.#server === undefined ? o : report(o),
       closed: undefined,
       pollMs: opts.pollMs,
       logger,

@@ -70,6 +70,7 @@ export function upstreamsFor (config: Config, logger: FastifyBaseLogger): Upstre
     bodyIdleTimeoutMs: config.bodyIdleTimeoutMs,
     maxConnections: config.upstreamMaxConnections,
     tls: config.tls,
+    tlsReloadMs: config.credentialsReloadMs,
     egress: config.egress,
     logger,
   })

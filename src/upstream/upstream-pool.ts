@@ -51,6 +51,12 @@ export function readTlsMaterial (files: Config['tls'], texts?: ReadonlyMap<strin
   }
 }
 
+/** The files' texts `m` was read from, in `tlsFiles` order: what start-up read, the watcher's value in force. */
+export function tlsTexts (m: TlsMaterial): string[] {
+  // The CA file's text is the last entry, after Node's own roots (readTlsMaterial).
+  return [m.ca?.at(-1), m.cert, m.key].filter(text => text !== undefined)
+}
+
 /** When the TLS files' certificates expire (Unix seconds, the earliest of each file); a file not set, or holding no certificate that parses: absent. */
 export interface TlsExpiry { readonly client?: number, readonly ca?: number }
 

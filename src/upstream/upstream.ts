@@ -5,11 +5,12 @@
 // requests in flight on the old pool.
 import type { FastifyBaseLogger } from 'fastify'
 import { Dispatcher, Pool } from 'undici'
-import { ConfigError, type Config } from '../config/config.js'
-import { MountedFiles, type MountedOutcome, type Parsed } from '../mounted/mounted-files.js'
+import type { Config } from '../config/config.js'
+import { MountedFiles } from '../mounted/mounted-files.js'
+import { parsed, reportOnce, type MountedOutcome } from '../mounted/outcomes.js'
 import { EgressAgent, egressProblem } from './egress-agent.js'
 import { egressProxyFor, type Egress, type EgressProxy } from './egress.js'
-import { createPool, readTlsMaterial, tlsExpiry, tlsFiles, type TlsExpiry, type TlsMaterial, type UpstreamOptions } from './upstream-pool.js'
+import { createPool, readTlsMaterial, tlsExpiry, tlsFiles, tlsTexts, type TlsExpiry, type TlsMaterial, type UpstreamOptions } from './upstream-pool.js'
 
 export type { TlsExpiry }
 
@@ -56,28 +57,45 @@ export class SwappableDispatcher extends Dispatcher {
 
 /**
  * All upstream connections. TLS files are read at start (an error is a config
- * error) and then followed by the mounted-file watcher (src/mounted/: their
- * directories watched, a Kubernetes `..data` swap seen, a poll as well); a
- * changed, valid set replaces the pools, an invalid one is logged once and
- * ignored.
+ * error), the watcher's value in force, and then followed by the mounted-file
+ * watcher (src/mounted/: their directories watched, a Kubernetes `..data`
+ * swap seen, a poll as well); a changed, valid set replaces the pools, an
+ * invalid one is logged once and ignored.
  */
 export class Upstreams {
   readonly #opts: UpstreamOptions
-  readonly #files: Config['tls']
   readonly #logger: FastifyBaseLogger
   readonly #egress: Egress
   readonly #dispatchers = new Map<string, SwappableDispatcher>()
   #tls: TlsMaterial
   #expiry: TlsExpiry
-  #watcher: MountedFiles<TlsMaterial, void> | undefined
+  readonly #watcher: MountedFiles<TlsMaterial, MountedOutcome<TlsMaterial> | undefined>
 
-  constructor (opts: UpstreamOptions & { readonly tls: Config['tls'], readonly logger: FastifyBaseLogger, readonly egress?: Egress }) {
+  /** `tlsReloadMs`: the TLS files' poll once watched (COS_CREDENTIALS_RELOAD_MS). */
+  constructor (opts: UpstreamOptions & { readonly tls: Config['tls'], readonly tlsReloadMs: number, readonly logger: FastifyBaseLogger, readonly egress?: Egress }) {
     this.#opts = opts
-    this.#files = opts.tls
     this.#logger = opts.logger
     this.#egress = opts.egress ?? { noProxy: [] }
     this.#tls = readTlsMaterial(opts.tls)
     this.#expiry = tlsExpiry(this.#tls)
+    const files = tlsFiles(opts.tls)
+    this.#watcher = new MountedFiles({
+      files,
+      what: 'TLS files',
+      parse: texts => parsed(() => readTlsMaterial(opts.tls, new Map(files.map((f, i) => [f.path, texts[i] ?? ''])))),
+      readAtStart: tlsTexts(this.#tls),
+      inForce: m => sameMaterial(m, this.#tls),
+      apply: m => { this.#take(m) },
+      report: reportOnce({
+        applied: () => { this.#logger.info('TLS files changed: new upstream connections use them') },
+        // A ConfigError's message names the file's variable first; a read failure's reason does not.
+        rejected: o => { this.#refused(o.variable, o.problem) },
+        unreadable: o => { this.#refused(o.variable, `${o.variable} ${o.problem}`) },
+      }),
+      closed: undefined,
+      pollMs: opts.tlsReloadMs,
+      logger: opts.logger,
+    })
   }
 
   /** When the certificates in force expire (the metrics read it at scrape time); set each time new files are taken, kept when they are refused. */
@@ -109,34 +127,17 @@ export class Upstreams {
     return proxy === undefined ? createPool(origin, this.#opts, tls) : new EgressAgent(proxy, this.#opts, tls)
   }
 
-  /** Re-read the TLS files now; on success replace every pool. Returns whether anything changed. */
-  reloadTls (): boolean {
-    let next: TlsMaterial
-    try {
-      next = readTlsMaterial(this.#files)
-    } catch (err) {
-      this.#refused((err as ConfigError).variable, (err as Error).message)
-      return false
-    }
-    return this.#take(next)
+  /**
+   * Looks at the TLS files now, through the watcher (its settling, dedupe and
+   * one report per bad content, as for a look an event or the poll makes):
+   * whether a changed set was put in force, every pool replaced.
+   */
+  async reloadTls (): Promise<boolean> {
+    return (await this.#watcher.reload())?.result === 'applied'
   }
 
-  /** Follows the TLS files: their directories' events, and a read every `intervalMs` as well. */
-  watch (intervalMs: number): void {
-    const files = tlsFiles(this.#files)
-    if (files.length === 0 || this.#watcher !== undefined) return
-    const parse = (texts: readonly string[]): Parsed<TlsMaterial> => {
-      try {
-        return { ok: true, value: readTlsMaterial(this.#files, new Map(files.map((f, i) => [f.path, texts[i] ?? '']))) }
-      } catch (err) {
-        if (!(err instanceof ConfigError)) throw err
-        return { ok: false, variable: err.variable, problem: err.message.slice(err.variable.length + 1) }
-      }
-    }
-    const report = (o: MountedOutcome<TlsMaterial>): void => {
-      if ((o.result === 'rejected' || o.result === 'unreadable') && !o.repeated) this.#refused(o.variable, `${o.variable} ${o.problem}`)
-    }
-    this.#watcher = new MountedFiles({ files, what: 'TLS files', parse, inForce: m => sameMaterial(m, this.#tls), apply: m => { this.#take(m) }, report, closed: undefined, pollMs: intervalMs, logger: this.#logger })
+  /** Follows the TLS files: their directories' events, and a look every `tlsReloadMs` as well. */
+  watch (): void {
     this.#watcher.start().catch((err: unknown) => { this.#logger.error({ err }, 'TLS files: reading them again failed; keeping the previous ones') })
   }
 
@@ -144,16 +145,13 @@ export class Upstreams {
     this.#logger.error({ variable, problem }, 'TLS files changed but cannot be used; keeping the previous ones')
   }
 
-  /** Puts `next` in force (every pool replaced) unless it is what is in force. */
-  #take (next: TlsMaterial): boolean {
-    if (sameMaterial(next, this.#tls)) return false
+  /** Puts `next` in force: every pool replaced (the watcher has found it differs from what is in force). */
+  #take (next: TlsMaterial): void {
     this.#tls = next
     this.#expiry = tlsExpiry(next)
     for (const [origin, d] of this.#dispatchers) {
       d.replace(this.#create(origin, next)).catch((err: unknown) => this.#logger.warn({ err }, 'closing the previous upstream pool failed'))
     }
-    this.#logger.info('TLS files changed: new upstream connections use them')
-    return true
   }
 
   /** Stops watching the files and waits for the requests in flight. */
@@ -169,8 +167,7 @@ export class Upstreams {
   }
 
   #unwatch (): void {
-    this.#watcher?.close()
-    this.#watcher = undefined
+    this.#watcher.close()
   }
 }
 

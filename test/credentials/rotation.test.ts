@@ -637,8 +637,8 @@ t.test('a FIFO or an oversized file at a TLS path is refused without blocking: a
 
   const caFile = join(tmp, 'ca-rotating.pem')
   copyFileSync(pki.caFile, caFile)
-  const upstreams = new Upstreams({ connectTimeoutMs: 1000, headersTimeoutMs: 1000, bodyIdleTimeoutMs: 1000, maxConnections: 32, tls: { caFile }, logger })
-  upstreams.watch(20)
+  const upstreams = new Upstreams({ connectTimeoutMs: 1000, headersTimeoutMs: 1000, bodyIdleTimeoutMs: 1000, maxConnections: 32, tls: { caFile }, tlsReloadMs: 20, logger })
+  upstreams.watch()
   t.teardown(() => upstreams.close())
   const ticks = ticker(t)
   const lines = logs.lines.length

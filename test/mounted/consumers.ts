@@ -89,7 +89,8 @@ const sidecar: Consumer = {
   start: async (t, dir, pollMs, logs) => {
     const file = `${dir}/sidecar.json`
     const choices = { nativeSidecar: true, defaultSecret: 'cos-credentials' }
-    const source = new SidecarSource(readSidecarSettings(file, choices, '0.1.0'), { file, sidecar: choices, programVersion: '0.1.0', metrics: new InjectMetrics({ defaultMetrics: false }), logger: createLogger('debug', logs), pollMs })
+    const text = readFileSync(file, 'utf8')
+    const source = new SidecarSource(readSidecarSettings(file, choices, '0.1.0', text), { file, readAtStart: text, sidecar: choices, programVersion: '0.1.0', metrics: new InjectMetrics({ defaultMetrics: false }), logger: createLogger('debug', logs), pollMs })
     t.teardown(() => { source.close() })
     source.start()
     return {
@@ -158,8 +159,8 @@ const upstreamCa = (t: Test): Consumer => ({
   reportedAs: /^TLS files changed but cannot be used/,
   start: async (t, dir, pollMs, logs) => {
     const servers = await Promise.all(versionPkis(t).map(p => httpsUpstream(p, false)))
-    const upstreams = new Upstreams({ connectTimeoutMs: 2000, headersTimeoutMs: 2000, bodyIdleTimeoutMs: 2000, maxConnections: 4, tls: { caFile: `${dir}/ca.crt` }, logger: createLogger('debug', logs) })
-    upstreams.watch(pollMs)
+    const upstreams = new Upstreams({ connectTimeoutMs: 2000, headersTimeoutMs: 2000, bodyIdleTimeoutMs: 2000, maxConnections: 4, tls: { caFile: `${dir}/ca.crt` }, tlsReloadMs: pollMs, logger: createLogger('debug', logs) })
+    upstreams.watch()
     t.teardown(async () => { await upstreams.destroy(); await Promise.all(servers.map(s => s.close())) })
     return {
       // The version whose server an upstream request verifies: its CA is the one in force.

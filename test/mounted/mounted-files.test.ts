@@ -27,7 +27,7 @@ interface Probe {
 }
 
 let n = 0
-function probe (t: Test, paths: readonly string[], opts: { readonly apply?: (v: string) => void, readonly pollMs?: number, readonly readTimeoutMs?: number, readonly holdPartialMs?: number } = {}): Probe {
+function probe (t: Test, paths: readonly string[], opts: { readonly apply?: (v: string) => void, readonly pollMs?: number, readonly readTimeoutMs?: number, readonly holdPartialMs?: number, readonly readAtStart?: readonly string[] } = {}): Probe {
   const outcomes: MountedOutcome<string>[] = []
   const applied: string[] = []
   const logs = new LogCapture()
@@ -48,6 +48,7 @@ function probe (t: Test, paths: readonly string[], opts: { readonly apply?: (v: 
     logger: createLogger('trace', logs),
     ...(opts.readTimeoutMs === undefined ? {} : { readTimeoutMs: opts.readTimeoutMs }),
     ...(opts.holdPartialMs === undefined ? {} : { holdPartialMs: opts.holdPartialMs }),
+    ...(opts.readAtStart === undefined ? {} : { readAtStart: opts.readAtStart }),
   })
   t.teardown(() => { files.close() })
   return { files, outcomes, applied, parses: () => parses, logs }
@@ -76,6 +77,22 @@ t.test('bytes already in force are not parsed again, and a first read that agree
   for (let i = 0; i < 5; i++) t.same(await p.files.reload(), { result: 'unchanged', recovered: false })
   t.equal(p.parses(), 1, 'parsed once')
   t.same(p.applied, ['one'])
+})
+
+t.test('what a consumer read and parsed at start is not parsed again: the first look finds those bytes unchanged, and a later change is taken', async t => {
+  const file = join(dir('read-at-start'), 'value')
+  writeFileSync(file, 'one')
+  const p = probe(t, [file], { readAtStart: ['one'] })
+  t.same(await p.files.start(), { result: 'unchanged', recovered: false }, 'the first look: the bytes start-up read are in force')
+  t.equal(p.parses(), 0, 'nothing parsed')
+  writeFileSync(file, 'two')
+  t.same(await p.files.reload(), { result: 'applied', value: 'two' })
+  t.equal(p.parses(), 1, 'only the new bytes parsed')
+
+  const changed = join(dir('changed-since-start'), 'value')
+  writeFileSync(changed, 'two')
+  const q = probe(t, [changed], { readAtStart: ['one'] })
+  t.same(await q.files.start(), { result: 'applied', value: 'two' }, 'a file changed since start-up read it is taken by the first look')
 })
 
 t.test('a refused content is parsed once and reported as repeated after that; the value in force stays', async t => {

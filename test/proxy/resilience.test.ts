@@ -174,9 +174,9 @@ t.test('COS_CA_FILE is re-read on change: a rotated bundle takes effect without 
   copyFileSync(pki.otherCaFile, caFile) // the wrong CA first
   const logs = new LogCapture()
   const logger = createLogger('info', logs)
-  const config = testConfig({ COS_API_URL: up.url, COS_CA_FILE: caFile })
+  const config = testConfig({ COS_API_URL: up.url, COS_CA_FILE: caFile, COS_CREDENTIALS_RELOAD_MS: '100' })
   const upstreams = upstreamsFor(config, logger)
-  upstreams.watch(100)
+  upstreams.watch()
   const app = await buildProxyServer({ config, credentials: new CredentialStore(new HeaderMinter(ACCESS_KEY, key, 'url')), logger, upstreams })
   await app.listen({ host: '127.0.0.1', port: 0 })
   const url = `http://127.0.0.1:${(app.server.address() as AddressInfo).port}`

@@ -306,7 +306,7 @@ t.test('a rotated COS_CA_FILE applies inside the tunnel without a restart', asyn
 
   t.equal((await send(`${url}/x`)).status, 502, 'wrong CA')
   copyFileSync(pki.caFile, caFile)
-  t.ok(upstreams.reloadTls(), 'the new bundle is taken')
+  t.ok(await upstreams.reloadTls(), 'the new bundle is taken')
   t.equal((await send(`${url}/x`)).status, 200, 'the new CA is in use through the tunnel')
   t.ok(egress.saw.length >= 2 && egress.saw.every(s => s.method === 'CONNECT'), 'both went through the egress proxy')
 })

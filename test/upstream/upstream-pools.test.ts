@@ -22,7 +22,7 @@ t.test('at the shutdown timeout a request still on a pool retired by a TLS reloa
   t.equal(up.heads(), 1, 'the request reached the upstream')
 
   copyFileSync(pki.otherCaFile, caFile)
-  t.ok(upstreams.reloadTls(), 'the pool was replaced')
+  t.ok(await upstreams.reloadTls(), 'the pool was replaced')
   t.equal(pool.stats?.running, 0, 'the request is left on the retired pool, which waits for it')
 
   const destroyedAt = Date.now()
