@@ -19,6 +19,7 @@ import { pipeline } from 'node:stream/promises'
 import t, { type Test } from 'tap'
 import { chartLimitMiB, createCgroup, type Cgroup } from '../../bench/cgroup.js'
 import { alive, statusOf } from '../support/attacks.js'
+import { cgroupUnavailable } from '../support/cgroup.js'
 import { startSidecar, writeKeyPair, type Sidecar } from '../support/sidecar.js'
 import { scaled } from '../support/time-scale.js'
 
@@ -34,17 +35,7 @@ const CHUNK = 64 * 1024
 const PASS_MS = scaled(150_000)
 t.setTimeout(2 * PASS_MS + scaled(60_000))
 
-/** Why no cgroup can be made here, or undefined when one can (made and removed again to find out). */
-function cgroupUnavailable (): string | undefined {
-  if (process.platform !== 'linux') return `memory cgroups are Linux's (this is ${process.platform})`
-  try {
-    createCgroup(LIMIT, 'probe').remove()
-    return undefined
-  } catch (err) {
-    return `no memory cgroup can be made here (${(err as Error).message}): run as root on Linux with the memory controller`
-  }
-}
-const unavailable = cgroupUnavailable()
+const unavailable = cgroupUnavailable(LIMIT)
 
 /** `total` bytes made 64 KiB at a time as the reader asks for them, each chunk numbered, counted and hashed as it goes. */
 interface Source { readonly stream: Readable, sent: () => number, sha256: () => string }
