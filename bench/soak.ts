@@ -1,4 +1,4 @@
-// npm run bench:soak -- [--limit 192] [--minutes 10] [--connections 256] [--node <path>] [--node-args="<flags>"] [--env NAME=value …]
+// npm run bench:soak -- [--workload small|bodies] [--limit 192] [--minutes 10] [--connections 256] [--node <path>] [--node-args="<flags>"] [--env NAME=value …]
 //                       [--burst-connections 1024] [--burst-minutes 1] [--attack-seconds 20] [--timeout 10]
 //                       [--no-limit] [--warm-binary] [--level info] [--out <name>]
 //
@@ -14,6 +14,11 @@
 // `--attack-seconds`, every attack on what one connection may cost at once
 // (bench/support/attack-phase.ts) with /healthz probed once a second (0 skips
 // a phase). Needs root (or a writable cgroup tree) and Linux.
+//
+// `--workload` is what each request is (bench/support/load.ts): `small` (the
+// default, a GET answered ~200 bytes) or `bodies`, a POST of 1 MiB answered
+// 1 MiB (issue 47; its defaults `--minutes 1 --connections 64`); also
+// `get-1mib` and `post-1mib`, one way only. The burst sends the same request.
 //
 // Reports, and writes to bench/results/<time>-soak.json: the cgroup's peak
 // usage (v1 memory.max_usage_in_bytes / v2 memory.peak), its failcnt (v1:
@@ -37,7 +42,6 @@
 // `--limit` defaults to the chart's resources.limits.memory
 // (helm/cos-auth-proxy/values.yaml). `--no-limit` runs the same load
 // without a cgroup (peak RSS as `npm run bench` measures it).
-import { execFileSync } from 'node:child_process'
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs'
 import { chartLimitMiB, createCgroup } from './cgroup.js'
 import { freshBinary } from './support/fresh-binary.js'
@@ -46,18 +50,20 @@ import { isAbsolute, join } from 'node:path'
 import { parseArgs } from 'node:util'
 import { fixed, table } from './format.js'
 import { installCleanup, scratchDir, stopAll, stopChild } from './support/children.js'
-import { describeFailures, failureCount, runLoad, SMALL_PATH } from './support/load.js'
+import { describeFailures, failureCount, parseWorkload, runLoad, workloadLoad } from './support/load.js'
 import { choosePinning, cpuTicks, machine, pinProcess, vmMB } from './support/machine.js'
 import { BENCH_DIR, gitCommit, nodeUnderTest, parseEnv, splitArgs, useNode } from './support/node.js'
 import { startProxy, startUpstream, thisBuild } from './support/servers.js'
+import { heapLimitMiB as probeHeapLimit, watchMemory, type Phase, type Sample } from './support/soak-watch.js'
 
 const { values } = parseArgs({
   options: {
     limit: { type: 'string' },
     'no-limit': { type: 'boolean', default: false },
     'warm-binary': { type: 'boolean', default: false },
-    minutes: { type: 'string', default: '10' },
-    connections: { type: 'string', default: '256' },
+    workload: { type: 'string', default: 'small' },
+    minutes: { type: 'string' },
+    connections: { type: 'string' },
     'burst-connections': { type: 'string', default: '1024' },
     'burst-minutes': { type: 'string', default: '1' },
     'attack-seconds': { type: 'string', default: '20' },
@@ -75,8 +81,9 @@ if (values.help) {
   process.exit(0)
 }
 useNode(values.node)
-const minutes = Number(values.minutes)
-const connections = Number(values.connections)
+const workload = parseWorkload(values.workload)
+const minutes = Number(values.minutes ?? (workload === 'small' ? 10 : 1))
+const connections = Number(values.connections ?? (workload === 'small' ? 256 : 64))
 const burst = { connections: Number(values['burst-connections']), minutes: Number(values['burst-minutes']) }
 const attackSeconds = Number(values['attack-seconds'])
 const timeoutSeconds = Number(values.timeout)
@@ -85,9 +92,6 @@ if (!(burst.minutes >= 0) || !(burst.connections > 0) || !(attackSeconds >= 0) |
 const progress = (s: string): void => { process.stderr.write(s + '\n') }
 const MiB = 1024 * 1024
 const read = (file: string): string => readFileSync(file, 'utf8')
-
-type Phase = 'soak' | 'burst' | 'attacks'
-interface Sample { readonly s: number, readonly phase: Phase, readonly usageMB: number, readonly workingSetMB: number, readonly rssMB: number, readonly anonMB: number }
 
 async function main (): Promise<void> {
   installCleanup()
@@ -107,7 +111,7 @@ async function main (): Promise<void> {
   const started = new Date()
   const load0 = read('/proc/loadavg').split(' ').slice(0, 3).join(' ')
   try {
-    progress(`soak: ${connections} connections for ${minutes} min, ${limitMiB === undefined ? 'no memory limit' : `in ${cgroup?.dir} (limit ${limitMiB} MiB, cgroup v${cgroup?.version})`}\n  proxy: ${build.description}${nodeArgs.length > 0 ? ` + ${nodeArgs.join(' ')}` : ''}${Object.keys(env).length > 0 ? ` + ${Object.entries(env).map(([k, v]) => `${k}=${v}`).join(' ')}` : ''}\n  ${m.cpuModel}, ${m.cores} cores, Node ${m.node}; load average ${load0}`)
+    progress(`soak: ${workload} requests on ${connections} connections for ${minutes} min, ${limitMiB === undefined ? 'no memory limit' : `in ${cgroup?.dir} (limit ${limitMiB} MiB, cgroup v${cgroup?.version})`}\n  proxy: ${build.description}${nodeArgs.length > 0 ? ` + ${nodeArgs.join(' ')}` : ''}${Object.keys(env).length > 0 ? ` + ${Object.entries(env).map(([k, v]) => `${k}=${v}`).join(' ')}` : ''}\n  ${m.cpuModel}, ${m.cores} cores, Node ${m.node}; load average ${load0}`)
     const fresh = values['warm-binary'] ? undefined : freshBinary(nodeUnderTest().path, scratch.path)
     progress(fresh === undefined ? '  binary: as it is (warm page cache)' : `  binary: a fresh copy, ${fixed(fresh.cachedMB, 1)} MB of it in the page cache`)
     const upstream = await startUpstream(pin.upstream)
@@ -118,55 +122,30 @@ async function main (): Promise<void> {
     })
     const pid = proxy.child.pid
     // What Node made of the limit: V8's heap limit, read by the proxy's own flags and environment in the same cgroup.
-    const heapLimitMiB = (() => {
-      try {
-        const probeEnv = { PATH: process.env.PATH, ...build.env, ...env }
-        const args = [...build.nodeArgs, ...nodeArgs, '-p', 'require("v8").getHeapStatistics().heap_size_limit']
-        const node = nodeUnderTest().path
-        const [cmd, argv] = cgroup === undefined ? [node, args] : ['sh', ['-c', 'echo $$ > "$0/cgroup.procs" && exec "$@"', cgroup.dir, node, ...args]]
-        return Number(execFileSync(cmd, argv, { env: probeEnv, encoding: 'utf8' }).trim()) / MiB
-      } catch { return Number.NaN }
-    })()
+    const heapLimitMiB = probeHeapLimit(build, nodeArgs, env, cgroup?.dir)
     progress(`  proxy ready (pid ${pid}); V8 heap limit under these settings: ${fixed(heapLimitMiB, 0)} MiB`)
-    const samples: Sample[] = []
-    const t0 = performance.now()
-    let lastReport = 0
-    let alive = true
-    let phase: Phase = 'soak'
-    const timer = setInterval(() => {
-      const s = (performance.now() - t0) / 1000
-      try {
-        const usage = cgroup?.usage() ?? Number.NaN
-        const sample = { s, phase, usageMB: usage / 1e6, workingSetMB: (usage - (cgroup?.inactiveFile() ?? 0)) / 1e6, rssMB: vmMB(pid, 'VmRSS'), anonMB: vmMB(pid, 'RssAnon') }
-        samples.push(sample)
-        if (s - lastReport >= 30) {
-          lastReport = s
-          progress(`  ${fixed(s, 0).padStart(4)} s: RSS ${fixed(sample.rssMB, 1)} MB (anon ${fixed(sample.anonMB, 1)})${cgroup === undefined ? '' : `, cgroup usage ${fixed(sample.usageMB, 1)} MB, working set ${fixed(sample.workingSetMB, 1)} MB, failcnt ${cgroup.failcnt()}, OOM kills ${cgroup.oomKills()}`}`)
-        }
-      } catch {
-        alive = false // /proc/<pid> is gone: the proxy died
-      }
-    }, 1000)
+    const watch = watchMemory(pid, cgroup, progress)
+    const { samples } = watch
     const cpu0 = cpuTicks(pid)
     let r, burstRun, attacks
     let cpuSoak = Number.NaN
     try {
-      r = await runLoad({ url: proxy.url + SMALL_PATH, connections, duration: minutes * 60, timeoutSeconds })
+      r = await runLoad({ ...workloadLoad(workload, proxy.url, connections, minutes * 60), timeoutSeconds })
       cpuSoak = existsSync(`/proc/${pid}`) ? cpuTicks(pid) : Number.NaN
       if (burst.minutes > 0) {
-        phase = 'burst'
+        watch.phase = 'burst'
         progress(`  burst: ${burst.connections} connections for ${burst.minutes} min`)
-        burstRun = await runLoad({ url: proxy.url + SMALL_PATH, connections: burst.connections, duration: burst.minutes * 60, timeoutSeconds })
+        burstRun = await runLoad({ ...workloadLoad(workload, proxy.url, burst.connections, burst.minutes * 60), timeoutSeconds })
       }
       if (attackSeconds > 0) {
-        phase = 'attacks'
+        watch.phase = 'attacks'
         progress(`  attacks for ${attackSeconds} s, /healthz probed once a second`)
         attacks = await attackPhase(Number(new URL(proxy.url).port), proxy.adminPort ?? 0, attackSeconds)
       }
     } finally {
-      clearInterval(timer)
+      watch.stop()
     }
-    alive &&= existsSync(`/proc/${pid}`) && proxy.child.exitCode === undefined
+    const alive = watch.alive && existsSync(`/proc/${pid}`) && proxy.child.exitCode === undefined
     const cpuMsPer1k = (cpuSoak - cpu0) * 1000 / m.clockTicks / r.requests * 1000
     const phaseMax = (p: Phase, f: (x: Sample) => number): number => {
       const xs = samples.filter(x => x.phase === p).map(f)
@@ -185,6 +164,7 @@ async function main (): Promise<void> {
       proxy: build.description,
       nodeArgs,
       env,
+      workload,
       minutes,
       connections,
       limitMiB: limitMiB ?? null,
@@ -200,6 +180,7 @@ async function main (): Promise<void> {
       oomKills: cgroup?.oomKills() ?? null,
       requests: r.requests,
       rps: r.rps,
+      answerMiBps: r.bytes / r.seconds / MiB,
       cpuMsPer1k,
       non2xx: r.non2xx,
       timeoutSeconds,
@@ -223,13 +204,14 @@ async function main (): Promise<void> {
     await stopAll()
     removeCgroup()
     process.stdout.write([
-      `# soak: ${connections} connections, ${minutes} min, ${limitMiB === undefined ? 'no memory limit' : `memory cgroup v${cgroup?.version} limit ${limitMiB} MiB`} (${started.toISOString()}${result.commit === undefined ? '' : `, commit ${result.commit}`})`,
+      `# soak: ${workload} requests, ${connections} connections, ${minutes} min, ${limitMiB === undefined ? 'no memory limit' : `memory cgroup v${cgroup?.version} limit ${limitMiB} MiB`} (${started.toISOString()}${result.commit === undefined ? '' : `, commit ${result.commit}`})`,
       `machine: ${m.cpuModel}, ${m.cores} cores, Node ${m.node}; load average ${result.loadAverage.start} at the start, ${result.loadAverage.end} at the end`,
       `proxy: ${build.description}${nodeArgs.length > 0 ? `; added Node flags ${nodeArgs.join(' ')}` : ''}${Object.keys(env).length > 0 ? `; added environment ${Object.entries(env).map(([k, v]) => `${k}=${v}`).join(' ')}` : ''}`,
       `V8 heap limit: ${fixed(heapLimitMiB, 0)} MiB; binary: ${fresh === undefined ? 'as it is (page cache warm)' : 'a fresh copy (not in the page cache at the start)'}`,
       '',
       table(['figure', 'value'], [
         ['requests (req/s)', `${r.requests} (${fixed(r.rps, 0)})`],
+        ...(workload === 'small' ? [] : [['answers received, MiB/s', fixed(result.answerMiBps, 1)]]),
         ['proxy CPU ms per 1,000 requests', fixed(cpuMsPer1k, 1)],
         [`failed requests (timeout ${timeoutSeconds} s)`, describeFailures(r.failures)],
         ['p50 / p99 / max latency, ms', `${fixed(r.latency.p50)} / ${fixed(r.latency.p99)} / ${fixed(r.latency.max, 0)}`],

@@ -2,6 +2,7 @@
 // measured is the server in front of it. Listens on 127.0.0.1 (ephemeral
 // port) and prints {"port":N} on stdout once listening.
 //   POST /upload  reads the whole body, answers {"received":<bytes>}
+//   POST /exchange reads the whole body, answers 1 MiB of bytes
 //   GET  /big     1 MiB of bytes
 //   anything else a ~200-byte JSON body
 import { createServer } from 'node:http'
@@ -23,10 +24,15 @@ const JSON_HEADERS = { 'content-type': 'application/json', 'content-length': SMA
 const BIG_HEADERS = { 'content-type': 'application/octet-stream', 'content-length': BIG.length }
 
 const server = createServer((req, res) => {
-  if (req.method === 'POST' && req.url === '/upload') {
+  if (req.method === 'POST' && (req.url === '/upload' || req.url === '/exchange')) {
     let received = 0
     req.on('data', chunk => { received += chunk.length })
     req.on('end', () => {
+      if (req.url === '/exchange') {
+        res.writeHead(200, BIG_HEADERS)
+        res.end(BIG)
+        return
+      }
       const body = `{"received":${received}}`
       res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) })
       res.end(body)

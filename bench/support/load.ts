@@ -29,8 +29,8 @@ export interface Load {
   readonly timeoutSeconds?: number
 }
 
-export type Workload = 'small' | 'get-1mib' | 'post-1mib'
-export const WORKLOADS: readonly Workload[] = ['small', 'get-1mib', 'post-1mib']
+export type Workload = 'small' | 'get-1mib' | 'post-1mib' | 'bodies'
+export const WORKLOADS: readonly Workload[] = ['small', 'get-1mib', 'post-1mib', 'bodies']
 /** The catch-all route (COS_API_URL): path kept, signed. */
 export const SMALL_PATH = '/api/v1/clusters'
 const UPLOAD = Buffer.alloc(1024 * 1024, 'b')
@@ -48,6 +48,8 @@ export function workloadLoad (workload: Workload, url: string, connections: numb
     case 'small': return { url: url + SMALL_PATH, connections, duration }
     case 'get-1mib': return { url: url + '/big', connections, duration }
     case 'post-1mib': return { url: url + '/upload', connections, duration, method: 'POST', body: UPLOAD, headers: { 'content-type': 'application/octet-stream' } }
+    // 1 MiB each way in one exchange (bench:soak's, issue 47).
+    case 'bodies': return { url: url + '/exchange', connections, duration, method: 'POST', body: UPLOAD, headers: { 'content-type': 'application/octet-stream' } }
   }
 }
 

@@ -12,6 +12,7 @@ import { setTimeout as sleep } from 'node:timers/promises'
 import t, { type Test } from 'tap'
 import { chartLimitMiB, createCgroup, type Cgroup } from '../../bench/cgroup.js'
 import { alive, drain, injectEnv, INJECT_LISTENING, manyContainersReview, NEAR_BOUND, pipelineUnread, postOnce, postUnread, probe, statusOf, trickleBodies, unfinishedUploads, type Attacker, type Trickle } from '../support/attacks.js'
+import { cgroupUnavailable } from '../support/cgroup.js'
 import { start } from '../support/cli-process.js'
 import { startUpstream } from '../support/helpers.js'
 import { startSidecar, writeKeyPair } from '../support/sidecar.js'
@@ -25,18 +26,7 @@ const LIMIT_MIB = chartLimitMiB()
 const GET = (path: string, host = 'x'): string => `GET ${path} HTTP/1.1\r\nHost: ${host}\r\n\r\n`
 const SLOW_BODY = 'POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n'
 
-/** Why no cgroup can be made here, or undefined when one can (made and removed again to find out). */
-function cgroupUnavailable (): string | undefined {
-  if (process.platform !== 'linux') return `memory cgroups are Linux's (this is ${process.platform})`
-  try {
-    createCgroup(LIMIT_MIB * MiB, 'probe').remove()
-    return undefined
-  } catch (err) {
-    return `no memory cgroup can be made here (${(err as Error).message}): run as root on Linux with the memory controller`
-  }
-}
-
-const unavailable = cgroupUnavailable()
+const unavailable = cgroupUnavailable(LIMIT_MIB * MiB)
 
 /** A cgroup at the chart's limit, removed after the test (and after its processes, which the test kills first). */
 function cgroupFor (t: Test, purpose: string, kill: () => Promise<unknown>): Cgroup {
