@@ -45,6 +45,7 @@ const { values: flags } = parseArgs({
     'node-args': { type: 'string' },
     env: { type: 'string', multiple: true },
     sections: { type: 'string', default: SECTIONS.join(',') },
+    warmup: { type: 'string' },
     help: { type: 'boolean', default: false },
   },
 })
@@ -60,6 +61,7 @@ if (flags.help) {
     '  --node-args   Node flags for the proxy only, after the image\'s, with "=": --node-args="--max-semi-space-size=8"',
     '  --env         added to the proxy\'s environment, e.g. MALLOC_ARENA_MAX=2 (repeatable)',
     `  --sections    which parts to run (default all: ${SECTIONS.join(',')})`,
+    '  --warmup      seconds of warm-up before each small-response run (default 1.5): on a slower machine the JIT needs longer',
     '',
   ].join('\n'))
   process.exit(0)
@@ -76,7 +78,8 @@ const sections = new Set(flags.sections.split(',').map(x => x.trim()).filter(x =
 for (const x of sections) if (!SECTIONS.includes(x as Section)) throw new Error(`--sections: unknown ${JSON.stringify(x)} (choices: ${SECTIONS.join(', ')})`)
 const runs = (x: Section): boolean => sections.has(x)
 
-const settings = flags.quick ? QUICK : FULL
+const settings = { ...(flags.quick ? QUICK : FULL), ...(flags.warmup === undefined ? {} : { warmupSeconds: Number(flags.warmup) }) }
+if (!(settings.warmupSeconds >= 0)) throw new Error('--warmup takes a number of seconds')
 
 async function main (): Promise<void> {
   installCleanup()

@@ -114,7 +114,7 @@ export function installCleanup (): void {
   }
 }
 
-/** The first line a child writes on stdout, parsed as JSON. */
+/** The first line a child writes on stdout that is a JSON object, parsed (`--trace-gc` writes its lines there too). */
 export async function firstJsonLine (child: Child, timeoutMs = 10_000): Promise<Record<string, unknown>> {
   const stdout = child.proc.stdout
   if (stdout === null) throw new Error(`${child.name}: stdout is not piped`)
@@ -122,7 +122,10 @@ export async function firstJsonLine (child: Child, timeoutMs = 10_000): Promise<
   const timeout = new AbortController()
   try {
     const line = await Promise.race([
-      new Promise<string>(resolve => lines.once('line', resolve)),
+      new Promise<string>(resolve => {
+        const take = (l: string): void => { if (l.startsWith('{')) { lines.off('line', take); resolve(l) } }
+        lines.on('line', take)
+      }),
       child.exited.then(() => { throw new Error(`${child.name} exited before it was ready`) }),
       sleep(timeoutMs, undefined, { signal: timeout.signal }).then(() => { throw new Error(`${child.name} not ready after ${timeoutMs} ms`) }),
     ])
