@@ -10,7 +10,7 @@
 // the request was written), the failures, and how the generator itself fared:
 //   loopP99Ms / loopMaxMs   its event loop's delay (1 ms samples, less the 1 ms)
 //   sendLateP99Ms / ...Max  how late each request left after its due time
-//   cpuMs                   its own CPU
+//   cpuMs / cpuTotalMs      its own CPU while measuring / since it started
 // A generator that is late delays the answers it reads as much as the server
 // would; bench/sections/rate.ts reports such a round as stalled.
 //
@@ -19,7 +19,9 @@
 // 1 % of its samples in every round on a 2-core machine. The benchmark runs
 // it under SCHED_FIFO where it may (`chrt`), so the upstream beside it on the
 // same core never delays it; it sleeps between requests, so it takes no more
-// of the core than it needs.
+// of the core than it needs. (Its main thread alone under FIFO, V8's helper
+// threads left to the ordinary scheduler, was tried: with the upstream on the
+// same core starved whenever the generator fell behind, it was worse.)
 import { Agent, get } from 'node:http'
 import { monitorEventLoopDelay, performance } from 'node:perf_hooks'
 import process from 'node:process'
@@ -121,4 +123,6 @@ process.stdout.write(JSON.stringify({
   sendLateP99Ms: percentile(sendLate, 0.99),
   sendLateMaxMs: percentile(sendLate, 1),
   cpuMs: (cpu.user + cpu.system) / 1000,
+  // Since it started, warm-up included: the benchmark takes it out of "other processes".
+  cpuTotalMs: (process.cpuUsage().user + process.cpuUsage().system) / 1000,
 }) + '\n')

@@ -58,7 +58,8 @@ export async function fixedRate (ctx: Context, peers: readonly ('floor' | 'go')[
             const health = generatorProbe(ctx.machine.clockTicks)
             r = await once()
             generatorHealth = health(r.generator)
-            otherLoad = others()
+            // The paced generator is a process of its own: its CPU is not another process's.
+            otherLoad = Math.max(0, others() - (r.generator === undefined ? 0 : r.generator.cpuTotalMs / (performance.now() - t)))
             if (!ctx.noise.again(otherLoad, performance.now() - t, attempt)) break
           }
           runs.push({ generator, target, round, rps: r.rps, latencyMs: r.latency, failures: r.errors + r.non2xx, otherLoad, generatorHealth })

@@ -239,6 +239,8 @@ export interface PacedGenerator {
   readonly sendLateP99Ms: number
   readonly sendLateMaxMs: number
   readonly cpuMs: number
+  /** Its CPU since it started (warm-up included), ms. */
+  readonly cpuTotalMs: number
   /** It ran under SCHED_FIFO (chrt), ahead of anything else on its core. */
   readonly realtime: boolean
 }
@@ -277,10 +279,8 @@ export async function runPaced (url: string, rate: number, seconds: number, opts
   child.proc.stdout?.on('data', (s: string) => { out += s })
   await child.exited
   if (child.exitCode !== 0) throw new Error(`the paced generator exited with ${String(child.exitCode)}`)
-  const r = JSON.parse(out) as {
-    sent: number, done: number, seconds: number, bytes: number, latencies: number[],
-    errors: Record<string, number>, status: Record<string, number>,
-    loopP99Ms: number, loopMaxMs: number, sendLateP99Ms: number, sendLateMaxMs: number, cpuMs: number
+  const r = JSON.parse(out) as Omit<PacedGenerator, 'realtime'> & {
+    sent: number, done: number, seconds: number, bytes: number, latencies: number[], errors: Record<string, number>, status: Record<string, number>
   }
   const samples = new Samples()
   for (const v of r.latencies) samples.add(v)
@@ -294,6 +294,6 @@ export async function runPaced (url: string, rate: number, seconds: number, opts
     requests, sent: r.sent, seconds: r.seconds, rps: requests / r.seconds, bytes: r.bytes, latency: samples.latency(), errors, non2xx, failures,
     // Connections are the agent's, opened as needed: no first-request figure.
     firstOnConnection: new Samples().latency(), total: { requests, sent: r.sent },
-    generator: { loopP99Ms: r.loopP99Ms, loopMaxMs: r.loopMaxMs, sendLateP99Ms: r.sendLateP99Ms, sendLateMaxMs: r.sendLateMaxMs, cpuMs: r.cpuMs, realtime: rt },
+    generator: { loopP99Ms: r.loopP99Ms, loopMaxMs: r.loopMaxMs, sendLateP99Ms: r.sendLateP99Ms, sendLateMaxMs: r.sendLateMaxMs, cpuMs: r.cpuMs, cpuTotalMs: r.cpuTotalMs, realtime: rt },
   }
 }
